@@ -1,0 +1,79 @@
+"""Drive CMake + Ninja: configure once per cache key, build with progress, log to files."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import BuildError
+from .doctor import require_tools
+
+_NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
+
+
+@dataclass(frozen=True)
+class CMakeResult:
+    build_dir: Path
+    configure_seconds: float
+    build_seconds: float
+    log: Path
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    text = path.read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+def _run_logged(cmd: list[str], log: Path, what: str,
+                progress: Callable[[str], None] | None) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    last_report = 0.0
+    with log.open("a") as out:
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            m = _NINJA_PROGRESS.match(line)
+            now = time.monotonic()
+            if progress and m and (now - last_report > 2.0 or m.group(1) == m.group(2)):
+                progress(f"{what}: {m.group(1)}/{m.group(2)}")
+                last_report = now
+        rc = proc.wait()
+    if rc != 0:
+        raise BuildError(f"{what} failed (exit {rc}). Last lines:\n{_tail(log)}",
+                         "Fix the error above; the full log has every command.",
+                         log_path=str(log))
+
+
+def cmake_build(source_dir: Path, build_dir: Path, definitions: dict[str, str],
+                toolchain_file: Path, *, target: str | None = None,
+                progress: Callable[[str], None] | None = None,
+                log_name: str = "build.log") -> CMakeResult:
+    """Configure `source_dir` into `build_dir` (if its definitions changed) and build it."""
+    require_tools("cmake", "ninja", "arm-none-eabi-gcc")
+    log = build_dir / log_name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    defs = {"CMAKE_TOOLCHAIN_FILE": str(toolchain_file), **definitions}
+    args = [f"-D{k}={v}" for k, v in sorted(defs.items())]
+    stamp = build_dir / "deploykit-configure.args"
+    t0 = time.monotonic()
+    if not (build_dir / "build.ninja").exists() or not stamp.exists() \
+            or stamp.read_text() != "\n".join(args):
+        if progress:
+            progress(f"configuring {source_dir.name} in {build_dir}")
+        _run_logged(["cmake", "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
+                     *args], log, "CMake configure", progress)
+        stamp.write_text("\n".join(args))
+    t1 = time.monotonic()
+    cmd = ["cmake", "--build", str(build_dir)]
+    if target:
+        cmd += ["--target", target]
+    _run_logged(cmd, log, f"building {source_dir.name}", progress)
+    return CMakeResult(build_dir, t1 - t0, time.monotonic() - t1, log)

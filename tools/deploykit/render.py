@@ -1,0 +1,138 @@
+"""Render stage: Jinja2 templates → the generated firmware inputs (docs/generated-files.md).
+
+Every file is a pure function of its inputs: no dates, and a header comment with the SHA-256
+of the template and its context, so identical inputs give byte-identical files and an
+unchanged file keeps its mtime (no needless recompiles).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from jinja2 import Environment, PackageLoader, StrictUndefined
+
+from .boards import Board
+from .fsutil import write_if_changed
+from .plan import MemoryPlan
+
+BOARD_TEMPLATES = ("board_config.h", "board.cmake", "memory.ld")
+MODEL_TEMPLATES = ("model_pte.h", "model_pte.c", "model_config.h", "model_io.h", "model_io.c")
+
+# numpy dtype → ExecuTorch ScalarType code (runtime/core/portable_type/scalar_type.h)
+SCALAR_TYPES = {
+    np.dtype("uint8"): 0, np.dtype("int8"): 1, np.dtype("int16"): 2, np.dtype("int32"): 3,
+    np.dtype("int64"): 4, np.dtype("float32"): 6, np.dtype("float64"): 7, np.dtype("bool"): 11,
+}
+
+
+@dataclass(frozen=True)
+class GeneratedSources:
+    directory: Path
+    files: tuple[Path, ...]
+    changed: tuple[Path, ...]
+    input_hash: str  # over all rendered files' inputs
+
+
+@dataclass(frozen=True)
+class ModelSources:
+    """What the model-specific templates need."""
+
+    pte: bytes
+    inputs: Sequence[np.ndarray]
+    expected_outputs: Sequence[np.ndarray]
+    plan: MemoryPlan
+    et_commit: str
+    build_info: str
+
+
+def _environment() -> Environment:
+    env = Environment(loader=PackageLoader("deploykit", "templates"), undefined=StrictUndefined,
+                      keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env.filters["hex"] = lambda n: f"0x{int(n):08X}"
+    env.filters["c_bytes"] = _c_bytes
+    env.filters["c_string"] = lambda s: json.dumps(str(s))
+    return env
+
+
+def _c_bytes(data: bytes, per_line: int = 16) -> str:
+    rows = (", ".join(f"0x{b:02x}" for b in data[i:i + per_line])
+            for i in range(0, len(data), per_line))
+    return ",\n".join(f"    {row}" for row in rows) or "    0"
+
+
+def _hash_inputs(template_source: str, context: dict[str, Any]) -> str:
+    h = hashlib.sha256(template_source.encode())
+    h.update(json.dumps(context, sort_keys=True, default=_json_default).encode())
+    return h.hexdigest()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return hashlib.sha256(value).hexdigest()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(type(value))
+
+
+def _render_all(names: Sequence[str], context: dict[str, Any], out_dir: Path) -> GeneratedSources:
+    env = _environment()
+    files, changed, hashes = [], [], []
+    for name in names:
+        template_name = f"{name}.j2"
+        source, _, _ = env.loader.get_source(env, template_name)
+        input_hash = _hash_inputs(source, context)
+        text = env.get_template(template_name).render(
+            **context, input_hash=input_hash, template_name=template_name)
+        path = out_dir / name
+        if write_if_changed(path, text):
+            changed.append(path)
+        files.append(path)
+        hashes.append(input_hash)
+    overall = hashlib.sha256("".join(hashes).encode()).hexdigest()
+    return GeneratedSources(out_dir, tuple(files), tuple(changed), overall)
+
+
+def render_board_files(board: Board, out_dir: Path) -> GeneratedSources:
+    """board_config.h, board.cmake and memory.ld from the board file."""
+    return _render_all(BOARD_TEMPLATES, {"board": board.as_template_context()}, out_dir)
+
+
+def _tensor_context(arrays: Sequence[np.ndarray], prefix: str) -> list[dict[str, Any]]:
+    tensors = []
+    for i, array in enumerate(arrays):
+        array = np.ascontiguousarray(array)
+        if array.dtype not in SCALAR_TYPES:
+            raise ValueError(f"{prefix} {i} has dtype {array.dtype}, which the runner lacks")
+        tensors.append({
+            "name": f"{prefix}_{i}",
+            "dtype": SCALAR_TYPES[array.dtype],
+            "dtype_name": str(array.dtype),
+            "sizes": [int(s) for s in array.shape],
+            "data": array.tobytes(),
+        })
+    return tensors
+
+
+def render_model_files(model: ModelSources, out_dir: Path) -> GeneratedSources:
+    """The embedded `.pte`, pool sizes, inputs and host-expected outputs."""
+    pte_sha = hashlib.sha256(model.pte).hexdigest()
+    inputs = _tensor_context(model.inputs, "input")
+    context = {
+        "pte": model.pte,
+        "pte_sha256": pte_sha[:16],
+        "inputs_sha256": hashlib.sha256(b"".join(t["data"] for t in inputs)).hexdigest()[:16],
+        "inputs": inputs,
+        "expected": _tensor_context(model.expected_outputs, "expected"),
+        "method_pool": model.plan.method_pool,
+        "temp_pool": model.plan.temp_pool,
+        "planned_buffers": list(model.plan.planned_buffers),
+        "et_commit": model.et_commit,
+        "build_info": model.build_info,
+    }
+    return _render_all(MODEL_TEMPLATES, context, out_dir)

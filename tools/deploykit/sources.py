@@ -1,0 +1,311 @@
+"""Upstream sources: the pinned manifest (west.yml), the workspace, and source overrides.
+
+`deploykit setup` brings every project of `west.yml` into a workspace directory, with
+`west update`, or, for projects given with `--source NAME=PATH[@REV]`, from a local git
+repository (bare or not) through `git archive`: the way to work behind a firewall.
+The workspace records what it holds in `deploykit-sources.json`; builds read only that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from .boards import repo_root
+from .errors import ConfigError, EnvironmentProblem
+from .fsutil import write_atomic
+
+STATE_FILE = "deploykit-sources.json"
+WORKSPACE_ENV = "DEPLOYKIT_WORKSPACE"
+
+
+@dataclass(frozen=True)
+class Project:
+    """One pinned upstream project of the manifest."""
+
+    name: str
+    url: str
+    revision: str
+    path: str
+
+
+@dataclass(frozen=True)
+class SourceOverride:
+    """`NAME=PATH[@REV]`: take project NAME from the local git repository PATH."""
+
+    name: str
+    path: Path
+    revision: str | None
+
+    @classmethod
+    def parse(cls, text: str) -> SourceOverride:
+        name, sep, rest = text.partition("=")
+        if not sep or not name or not rest:
+            raise ConfigError(f"Cannot read the source override '{text}'.",
+                              "Write it as NAME=PATH or NAME=PATH@REV, for example "
+                              "executorch=/src/executorch.git@v1.4.1.")
+        path, at, rev = rest.rpartition("@") if "@" in rest else (rest, "", "")
+        return cls(name=name, path=Path(path).expanduser(), revision=rev if at else None)
+
+
+@dataclass(frozen=True)
+class ProjectState:
+    """What the workspace holds for one project."""
+
+    name: str
+    path: str  # relative to the workspace root
+    commit: str
+    origin: str  # "west" or "override:<path>"
+    missing_files: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+    projects: dict[str, ProjectState]
+
+    def path_of(self, name: str) -> Path:
+        return self.root / self.projects[name].path
+
+    @property
+    def executorch_dir(self) -> Path:
+        return self.path_of("executorch")
+
+    @property
+    def executorch_commit(self) -> str:
+        return self.projects["executorch"].commit
+
+
+def manifest_path() -> Path:
+    return repo_root() / "west.yml"
+
+
+def read_manifest(path: Path | None = None) -> list[Project]:
+    data = yaml.safe_load((path or manifest_path()).read_text())["manifest"]
+    remotes = {r["name"]: r["url-base"] for r in data.get("remotes", [])}
+    default_remote = data.get("defaults", {}).get("remote")
+    projects = []
+    for p in data["projects"]:
+        base = remotes[p.get("remote", default_remote)]
+        url = p.get("url") or f"{base}/{p.get('repo-path', p['name'])}"
+        projects.append(Project(p["name"], url, str(p["revision"]), p.get("path", p["name"])))
+    return projects
+
+
+def workspace_dir(explicit: Path | None = None) -> Path:
+    """--workspace, else $DEPLOYKIT_WORKSPACE, else `.workspace` in the checkout."""
+    if explicit:
+        return Path(explicit).resolve()
+    if os.environ.get(WORKSPACE_ENV):
+        return Path(os.environ[WORKSPACE_ENV]).resolve()
+    return repo_root() / ".workspace"
+
+
+def load_workspace(explicit: Path | None = None) -> Workspace:
+    root = workspace_dir(explicit)
+    state = root / STATE_FILE
+    if not state.exists():
+        raise EnvironmentProblem(
+            f"ExecuTorch sources not available: no workspace at {root}.",
+            "Run `deploykit setup` (or `deploykit setup --source executorch=PATH@REV ...` "
+            "without GitHub access; see README), or point --workspace / "
+            f"${WORKSPACE_ENV} at an existing workspace.")
+    data = json.loads(state.read_text())
+    projects = {p["name"]: ProjectState(**{**p, "missing_files": tuple(p["missing_files"])})
+                for p in data["projects"]}
+    ws = Workspace(root, projects)
+    for project in read_manifest():
+        if project.name not in projects or not ws.path_of(project.name).is_dir():
+            raise EnvironmentProblem(
+                f"The workspace at {root} lacks project '{project.name}'.",
+                "Run `deploykit setup` again.")
+    return ws
+
+
+def _git(repo: Path, *args: str, text: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=text,
+                          check=False)
+
+
+def resolve_commit(repo: Path, revision: str) -> str:
+    res = _git(repo, "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}")
+    if res.returncode != 0:
+        raise ConfigError(f"Revision '{revision}' is not in the git repository {repo}.",
+                          "Fetch it there first, or name a revision it has.")
+    return res.stdout.strip()
+
+
+def _missing_blobs(repo: Path, commit: str) -> list[str]:
+    """Paths whose blobs the repository lacks (partial or size-limited clones)."""
+    tree = _git(repo, "ls-tree", "-r", "-z", commit)
+    entries = [line.split("\t", 1) for line in tree.stdout.split("\0") if line]
+    # Several paths can share one blob, so keep (sha, path) pairs, not a dict by sha.
+    blobs = [(meta.split()[2], path) for meta, path in entries if meta.split()[1] == "blob"]
+    check = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch-check"],
+                           input="\n".join(sha for sha, _ in blobs) + "\n",
+                           capture_output=True, text=True, check=False)
+    missing = {line.split()[0] for line in check.stdout.splitlines() if line.endswith("missing")}
+    return sorted(path for sha, path in blobs if sha in missing)
+
+
+def _extract(repo: Path, commit: str, dest: Path) -> list[str]:
+    """`git archive` `commit` of `repo` into `dest` (replaced atomically)."""
+    missing = _missing_blobs(repo, commit)
+    excludes = [f":(exclude,literal){p}" for p in missing]
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    archive = tmp.with_suffix(".tar")
+    with archive.open("wb") as out:
+        res = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit,
+                              "--", ".", *excludes], stdout=out, stderr=subprocess.PIPE,
+                             check=False)
+    try:
+        if res.returncode != 0:
+            raise EnvironmentProblem(
+                f"git archive of {commit[:12]} from {repo} failed: "
+                f"{res.stderr.decode(errors='replace').strip()}",
+                "Check that the path is a git repository holding that revision.")
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="tar")
+    finally:
+        archive.unlink(missing_ok=True)
+    # Nested projects (submodule paths) that live inside dest are kept across re-extraction
+    # only if the caller re-extracts them afterwards; dest is replaced whole.
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(dest)
+    return missing
+
+
+def _is_git_repo(path: Path) -> bool:
+    return path.is_dir() and _git(path, "rev-parse", "--git-dir").returncode == 0
+
+
+def setup(workspace: Path | None = None, overrides: list[SourceOverride] | None = None,
+          progress: Callable[[str], None] = print) -> Workspace:
+    """Bring every manifest project into the workspace; return what it holds."""
+    root = workspace_dir(workspace)
+    root.mkdir(parents=True, exist_ok=True)
+    projects = read_manifest()
+    by_name = {p.name: p for p in projects}
+    overrides = overrides or []
+    for o in overrides:
+        if o.name not in by_name:
+            raise ConfigError(f"--source names '{o.name}', which is not a project of west.yml.",
+                              f"Projects: {', '.join(by_name)}.")
+        if not _is_git_repo(o.path):
+            raise ConfigError(f"--source {o.name}={o.path}: not a git repository.",
+                              "Point it at a clone or bare git directory of the project.")
+    chosen = {o.name: o for o in overrides}
+
+    previous: dict[str, ProjectState] = {}
+    state_path = root / STATE_FILE
+    if state_path.exists():
+        for p in json.loads(state_path.read_text())["projects"]:
+            previous[p["name"]] = ProjectState(**{**p, "missing_files": tuple(p["missing_files"])})
+
+    states: dict[str, ProjectState] = {}
+    reextracted: list[str] = []
+    pending_west: list[Project] = []
+    for project in projects:  # parents come before the projects nested in them
+        dest = root / project.path
+        parent_redone = any(project.path.startswith(p + "/") for p in reextracted)
+        override = chosen.get(project.name)
+        if override is None:
+            old = previous.get(project.name)
+            if old and old.commit == project.revision and dest.is_dir() and not parent_redone:
+                states[project.name] = old
+            else:
+                pending_west.append(project)
+            continue
+        commit = resolve_commit(override.path, override.revision or project.revision)
+        origin = f"override:{override.path.resolve()}"
+        old = previous.get(project.name)
+        if old and old.commit == commit and old.origin == origin and dest.is_dir() \
+                and not parent_redone:
+            progress(f"{project.name}: {commit[:12]} already in the workspace")
+            states[project.name] = old
+            continue
+        progress(f"{project.name}: extracting {commit[:12]} from {override.path}")
+        missing = _extract(override.path, commit, dest)
+        if missing:
+            progress(f"{project.name}: {len(missing)} file(s) absent from the local copy "
+                     f"were skipped (for example {missing[0]})")
+        reextracted.append(project.path)
+        states[project.name] = ProjectState(project.name, project.path, commit, origin,
+                                            tuple(missing))
+
+    if pending_west:
+        states.update(_west_update(root, pending_west, progress))
+
+    ordered = [asdict(states[p.name]) for p in projects]
+    write_atomic(state_path, json.dumps({"projects": ordered}, indent=2) + "\n")
+    return load_workspace(root)
+
+
+def _west_update(root: Path, projects: list[Project],
+                 progress: Callable[[str], None]) -> dict[str, ProjectState]:
+    names = [p.name for p in projects]
+    how = "\n".join(f"  --source {p.name}=PATH@{p.revision}   # {p.url}" for p in projects)
+    hint = ("Without GitHub access, give each project from a local git copy:\n"
+            f"  deploykit setup \\\n{how}")
+    west = shutil.which("west")
+    if west is None:
+        raise EnvironmentProblem(
+            f"west is not installed, so {', '.join(names)} cannot be fetched.",
+            "Install it with `pip install west`. " + hint)
+    manifest_dir = root / "deploykit-manifest"
+    manifest_dir.mkdir(exist_ok=True)
+    shutil.copyfile(manifest_path(), manifest_dir / "west.yml")
+    log = root / "west.log"
+    with log.open("w") as out:
+        if not (root / ".west").exists():
+            res = subprocess.run([west, "init", "-l", str(manifest_dir)], cwd=root,
+                                 stdout=out, stderr=subprocess.STDOUT, check=False)
+            if res.returncode != 0:
+                raise EnvironmentProblem("`west init` failed.", hint, log_path=str(log))
+        progress(f"west update {' '.join(names)} (this downloads the pinned sources)")
+        res = subprocess.run([west, "update", "--narrow", "--fetch-opt=--depth=1", *names],
+                             cwd=root, stdout=out, stderr=subprocess.STDOUT, check=False)
+    if res.returncode != 0:
+        raise EnvironmentProblem(f"`west update` could not fetch {', '.join(names)}.", hint,
+                                 log_path=str(log))
+    states = {}
+    for p in projects:
+        commit = _git(root / p.path, "rev-parse", "HEAD").stdout.strip()
+        states[p.name] = ProjectState(p.name, p.path, commit, "west")
+    return states
+
+
+def installed_executorch_commit() -> str | None:
+    """The commit the installed `executorch` wheel was built from, or None if not installed."""
+    try:
+        from executorch.version import git_version
+    except ImportError:
+        return None
+    return str(git_version)
+
+
+def check_executorch_commit(ws: Workspace) -> str:
+    """Refuse a workspace whose ExecuTorch commit differs from the installed wheel's."""
+    wheel = installed_executorch_commit()
+    if wheel is None:
+        raise EnvironmentProblem("The executorch Python package is not installed.",
+                                 "Install it with the README's set-up command.")
+    if wheel != ws.executorch_commit:
+        raise EnvironmentProblem(
+            "The ExecuTorch sources and the installed wheel are different commits: "
+            f"workspace {ws.executorch_commit}, wheel {wheel}.",
+            "The runtime must be built from the exact commit that exported the model. "
+            "Run `deploykit setup --source executorch=PATH@" + wheel + "` or install the "
+            "matching wheel; upgrade both together.")
+    return wheel
