@@ -1,0 +1,65 @@
+/*
+ * dk_board.h: the board API every board family (firmware/boards/<family>/) implements.
+ *
+ * The firmware (selftest, ExecuTorch runner) talks to the hardware only through this header.
+ * Board facts (addresses, clocks, sizes) come from the generated board_config.h and memory.ld;
+ * nothing here depends on a particular board. Usable from C11 and C++17.
+ *
+ * Start-up contract: the family's reset handler enables the FPU (when built with one), copies
+ * .data, zeroes .bss, paints the stack, calls dk_board_init(), runs the static constructors
+ * and then main(). When main() returns, its value goes to dk_exit().
+ */
+#ifndef DK_BOARD_H
+#define DK_BOARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define DK_NORETURN __attribute__((noreturn))
+#else
+#define DK_NORETURN
+#endif
+
+/* Console, timer and fault reporting. Called by the reset handler before main(); calling it
+ * again is harmless. */
+void dk_board_init(void);
+
+/* Blocking write of `len` bytes to the console (the UART the host reads). */
+void dk_console_write(const void *data, size_t len);
+
+/* Non-blocking read: copies at most `len` bytes already received, returns how many (0 when
+ * nothing is waiting or the board has no console input). */
+size_t dk_console_read(void *buf, size_t len);
+
+/* Monotonic 64-bit tick counter since dk_board_init(), at dk_tick_hz() ticks per second. */
+uint64_t dk_ticks(void);
+uint32_t dk_tick_hz(void);
+
+/* Ends the program with `status`. On simulators the exit status becomes the simulator's exit
+ * code (semihosting SYS_EXIT_EXTENDED); on hardware the board parks the core. */
+DK_NORETURN void dk_exit(int status);
+
+/* Stack high-water mark (bytes touched since reset; the stack is painted at reset) and the
+ * stack size linked into the firmware. */
+size_t dk_stack_used(void);
+size_t dk_stack_size(void);
+
+/* Heap high-water mark (bytes handed out by _sbrk) and the heap size linked in. */
+size_t dk_heap_used(void);
+size_t dk_heap_size(void);
+
+/* Optional: route external interrupt `irq` to `handler` and enable it in the interrupt
+ * controller. Returns 0, or -1 when `irq` is out of range or the board has no support.
+ * An interrupt that fires without a handler is reported as a fault. */
+int dk_irq_set_handler(unsigned irq, void (*handler)(void));
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DK_BOARD_H */

@@ -1,0 +1,188 @@
+"""`deploykit` command line: parses arguments, calls the Python API, prints the result.
+
+Errors the user can act on are printed as one paragraph without a traceback and exit with
+the code of their failure class (deploykit.errors.ExitCode); `--debug` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import api
+from .errors import DeployKitError, ExitCode
+
+_EPILOG = """\
+typical use:
+  deploykit doctor                                  check toolchain, QEMU, Python stack, sources
+  deploykit setup                                   fetch the pinned upstream sources (west.yml)
+  deploykit run --board qemu-an547 --model tiny_cnn export, build, run on QEMU, compare with host
+  deploykit selftest --board qemu-an505             board support + protocol check, no ExecuTorch
+"""
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
+class _Output:
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def progress(self, message: str) -> None:
+        # Progress goes to stderr so that --json output on stdout stays machine-readable.
+        print(f"· {message}", file=sys.stderr, flush=True)
+
+    def result(self, payload: Any, text: str) -> None:
+        if self.as_json:
+            print(json.dumps(_jsonable(payload), indent=2))
+        else:
+            print(text)
+
+
+def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = True) -> None:
+    if board:
+        p.add_argument("--board", required=True, help="board name from boards/ (see `deploykit "
+                       "boards`) or a path to a board file")
+    if model:
+        p.add_argument("--model", required=True, help="model name from models/ or a path to a "
+                       "Python file defining model() and example_inputs()")
+        p.add_argument("--flow", choices=["portable_fp32", "cortex_m_int8"],
+                       help="export flow (default: the board file's export.default)")
+    p.add_argument("--out", type=Path, help="output directory (default build/<board>/<model>)")
+    p.add_argument("--workspace", type=Path,
+                   help="upstream sources workspace (default $DEPLOYKIT_WORKSPACE or .workspace)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="deploykit", description="Take a PyTorch model onto an Arm microcontroller with "
+        "ExecuTorch, and check that it runs right.", epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("boards", help="list the boards and their memory maps")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    p = sub.add_parser("doctor", help="check the Python stack, toolchain, QEMU and sources")
+    p.add_argument("--workspace", type=Path, help="sources workspace to check")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    p = sub.add_parser("setup", help="fetch the pinned upstream sources into a workspace",
+                       description="Fetch every project of west.yml into the workspace with "
+                       "`west update`. Without GitHub access, give projects from local git "
+                       "copies with --source NAME=PATH[@REV] (REV defaults to the pinned one).")
+    p.add_argument("--workspace", type=Path, help="where to put the sources")
+    p.add_argument("--source", action="append", default=[], metavar="NAME=PATH[@REV]",
+                   help="take project NAME from the local git repository PATH (repeatable)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    p = sub.add_parser("export", help="export a model to a .pte (and host reference outputs)")
+    _common(p)
+
+    p = sub.add_parser("inspect", help="describe a .pte: operators, delegates, buffers")
+    p.add_argument("pte", type=Path, help="the .pte file")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    p = sub.add_parser("plan", help="memory plan of a model on a board, checked before compiling")
+    _common(p)
+
+    p = sub.add_parser("build", help="export, plan, render and cross-compile the firmware")
+    _common(p)
+
+    p = sub.add_parser("run", help="build, run on the board's simulator, compare with the host")
+    _common(p)
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds before a silent simulator is killed (default 120)")
+
+    p = sub.add_parser("selftest", help="build and run the board-support self-test firmware "
+                       "(no ExecuTorch needed)")
+    _common(p, model=False)
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    return parser
+
+
+def _dispatch(args: argparse.Namespace, out: _Output) -> int:
+    cmd = args.command
+    if cmd == "boards":
+        boards = api.boards()
+        out.result(boards, "\n".join(api.describe_board(b) for b in boards))
+        return 0
+    if cmd == "doctor":
+        checks = api.doctor(args.workspace)
+        lines = [f"{'ok ' if c.ok else 'NO '} {c.name:<18} {c.detail}"
+                 + (f"\n     fix: {c.fix}" if c.fix and not c.ok else "") for c in checks]
+        out.result(checks, "\n".join(lines))
+        return 0 if all(c.ok for c in checks) else int(ExitCode.ENVIRONMENT)
+    if cmd == "setup":
+        ws = api.setup(args.workspace, args.source, progress=out.progress)
+        text = "\n".join(f"{p.name:<12} {p.commit[:12]}  {p.origin}  {ws.root / p.path}"
+                         for p in ws.projects.values())
+        out.result(ws, text)
+        return 0
+    if cmd == "inspect":
+        info = api.inspect(args.pte)
+        out.result(info, api.describe_program(info))
+        return 0
+    common = {"board": args.board, "out": args.out, "workspace": args.workspace,
+              "progress": out.progress}
+    if cmd == "selftest":
+        report = api.selftest(**common, timeout=args.timeout)
+        out.result(report, report.summary())
+        return 0 if report.passed else int(report.exit_code)
+    common.update(model=args.model, flow=args.flow)
+    if cmd == "export":
+        common.pop("workspace")
+        result = api.export(**common)
+        out.result(result, api.describe_export(result))
+        return 0
+    if cmd == "plan":
+        plan = api.plan(**common)
+        out.result(plan, plan.table())
+        return 0
+    if cmd == "build":
+        fw = api.build(**common)
+        out.result(fw, fw.summary())
+        return 0
+    if cmd == "run":
+        report = api.run(**common, timeout=args.timeout)
+        out.result(report, report.summary())
+        return 0 if report.passed else int(report.exit_code)
+    raise AssertionError(cmd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = _Output(getattr(args, "json", False))
+    try:
+        return _dispatch(args, out)
+    except DeployKitError as exc:
+        if args.debug:
+            raise
+        print(f"deploykit: error: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        print("deploykit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
