@@ -1,0 +1,432 @@
+/*
+ * runner.cpp: the deploykit ExecuTorch runner firmware.
+ *
+ * Loads the embedded .pte (model_pte.h) with Program::load over a BufferDataLoader, loads its
+ * first method with static pools sized by the generated model_config.h, sets the inputs from
+ * model_io.h, executes once (timed with dk_ticks()) and reports everything through the result
+ * protocol (docs/protocol.md): hello, one tensor record per output, timing, memory, done.
+ * Any ExecuTorch error becomes an `error` record (the Error code and a message), then
+ * done(1) and exit. No printf, no heap.
+ *
+ * Tensor data layout: dk_inputs[] hold each input in logical (contiguous, row-major) order;
+ * the runner lays it out in the dim order the program declares (e.g. channels-last for
+ * cortex_m models). Outputs are sent in logical order too.
+ *
+ * Error codes of the `error` record: ExecuTorch Error values (< 0x100), or the deploykit
+ * codes below.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <executorch/extension/data_loader/buffer_data_loader.h>
+#include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
+#include <executorch/runtime/core/hierarchical_allocator.h>
+#include <executorch/runtime/core/memory_allocator.h>
+#include <executorch/runtime/core/span.h>
+#include <executorch/runtime/executor/memory_manager.h>
+#include <executorch/runtime/executor/method.h>
+#include <executorch/runtime/executor/method_meta.h>
+#include <executorch/runtime/executor/program.h>
+#include <executorch/runtime/kernel/operator_registry.h>
+#include <executorch/runtime/platform/platform.h>
+#include <executorch/runtime/platform/runtime.h>
+
+#include "board_config.h"
+#include "dk_board.h"
+#include "dk_protocol.h"
+#include "model_config.h"
+#include "model_io.h"
+#include "model_pte.h"
+
+using executorch::aten::ScalarType;
+using executorch::aten::Tensor;
+using executorch::aten::TensorImpl;
+using executorch::extension::BufferDataLoader;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+using executorch::runtime::HierarchicalAllocator;
+using executorch::runtime::MemoryAllocator;
+using executorch::runtime::MemoryManager;
+using executorch::runtime::Method;
+using executorch::runtime::MethodMeta;
+using executorch::runtime::Program;
+using executorch::runtime::Result;
+using executorch::runtime::Span;
+using executorch::runtime::TensorInfo;
+
+/* deploykit error codes (the `error` record's code when it is not an ExecuTorch Error). */
+enum : uint32_t {
+  DK_ERR_ABORT = 0x1001u,          /* ExecuTorch called et_pal_abort() */
+  DK_ERR_POOL = 0x1002u,           /* a pool is too small (done status 3) */
+  DK_ERR_INPUT = 0x1003u,          /* model_io.h does not match the method's inputs */
+  DK_ERR_OUTPUT_DTYPE = 0x1004u,   /* an output dtype the protocol cannot carry */
+  DK_ERR_NOT_TENSOR = 0x1005u,     /* an input or output that is not a tensor */
+};
+
+#ifndef DK_ET_RUNTIME_KEY
+#define DK_ET_RUNTIME_KEY "unknown"
+#endif
+#ifndef DK_MAX_KERNEL_NUM
+#define DK_MAX_KERNEL_NUM 0
+#endif
+#ifndef DK_INPUTS_SHA256
+#define DK_INPUTS_SHA256 "unknown"
+#endif
+
+namespace {
+
+/* ---- a tiny string builder (no printf) ---- */
+class Text {
+ public:
+  Text(char *buf, size_t cap) : buf_(buf), cap_(cap) { buf_[0] = '\0'; }
+  Text &operator<<(const char *s) {
+    while (s && *s && len_ + 1 < cap_) buf_[len_++] = *s++;
+    buf_[len_] = '\0';
+    return *this;
+  }
+  Text &operator<<(uint32_t v) {
+    char d[10];
+    size_t n = 0;
+    do {
+      d[n++] = static_cast<char>('0' + v % 10u);
+      v /= 10u;
+    } while (v && n < sizeof d);
+    while (n && len_ + 1 < cap_) buf_[len_++] = d[--n];
+    buf_[len_] = '\0';
+    return *this;
+  }
+  const char *c_str() const { return buf_; }
+  size_t size() const { return len_; }
+
+ private:
+  char *buf_;
+  size_t cap_;
+  size_t len_ = 0;
+};
+
+/* A bump allocator that remembers its high-water mark (the temp allocator is reset after every
+ * kernel, so its peak is only visible here) and the first request it could not satisfy. */
+class CountingAllocator : public MemoryAllocator {
+ public:
+  CountingAllocator(uint32_t size, uint8_t *base) : MemoryAllocator(size, base) {}
+  void *allocate(size_t size, size_t alignment = kDefaultAlignment) override {
+    void *p = MemoryAllocator::allocate(size, alignment);
+    if (p == nullptr) {
+      if (failed_request_ == 0) failed_request_ = size;
+      return nullptr;
+    }
+    const size_t used = used_size();
+    if (used > high_water_) high_water_ = used;
+    return p;
+  }
+  size_t high_water() const { return high_water_; }
+  size_t failed_request() const { return failed_request_; }
+
+ private:
+  size_t high_water_ = 0;
+  size_t failed_request_ = 0;
+};
+
+/* ---- pools (section .dk_pools: the board's `pools` region, not zeroed at start-up) ---- */
+#define DK_POOL_ATTR __attribute__((section(".dk_pools"), aligned(16)))
+/* A zero-sized pool still needs an object; it is never handed out. */
+#define DK_POOL_BYTES(n) ((n) > 0u ? (n) : 16u)
+
+DK_POOL_ATTR uint8_t method_pool[DK_POOL_BYTES(DK_METHOD_POOL_SIZE)];
+DK_POOL_ATTR uint8_t temp_pool[DK_POOL_BYTES(DK_TEMP_POOL_SIZE)];
+
+constexpr uint32_t kPlannedSizes[] = DK_PLANNED_BUFFER_SIZES;
+constexpr size_t kPlannedCount = DK_PLANNED_BUFFER_COUNT;
+constexpr size_t planned_total() {
+  size_t t = 0;
+  for (size_t i = 0; i < kPlannedCount; ++i) t += (kPlannedSizes[i] + 15u) & ~size_t(15u);
+  return t;
+}
+DK_POOL_ATTR uint8_t planned_pool[DK_POOL_BYTES(planned_total())];
+
+CountingAllocator method_allocator(DK_METHOD_POOL_SIZE, method_pool);
+CountingAllocator temp_allocator(DK_TEMP_POOL_SIZE, DK_TEMP_POOL_SIZE > 0u ? temp_pool : nullptr);
+
+size_t planned_used = 0;
+
+/* ---- reporting ---- */
+[[noreturn]] void finish(uint32_t status) {
+  dk_send_done(status);
+  dk_exit(static_cast<int>(status));
+}
+
+[[noreturn]] void fail(uint32_t code, const char *what, uint32_t status = DK_STATUS_ET_ERROR) {
+  dk_send_error(code, what);
+  finish(status);
+}
+
+[[noreturn]] void fail_et(Error err, const char *what) {
+  char buf[128];
+  Text t(buf, sizeof buf);
+  t << what << ": ExecuTorch error " << static_cast<uint32_t>(err);
+  fail(static_cast<uint32_t>(err), t.c_str());
+}
+
+void send_memory() {
+  const dk_memory_entry_t entries[] = {
+      {"method_pool", static_cast<uint32_t>(method_allocator.high_water()), DK_METHOD_POOL_SIZE},
+      {"planned_pool", static_cast<uint32_t>(planned_used), static_cast<uint32_t>(planned_total())},
+      {"temp_pool", static_cast<uint32_t>(temp_allocator.high_water()), DK_TEMP_POOL_SIZE},
+      {"stack", static_cast<uint32_t>(dk_stack_used()), static_cast<uint32_t>(dk_stack_size())},
+      {"heap", static_cast<uint32_t>(dk_heap_used()), static_cast<uint32_t>(dk_heap_size())},
+  };
+  dk_send_memory(entries, sizeof entries / sizeof entries[0]);
+}
+
+/* A pool ran out: name it and say how much was asked for. */
+[[noreturn]] void fail_pool(const char *pool, size_t capacity, size_t request) {
+  char buf[160];
+  Text t(buf, sizeof buf);
+  t << pool << " too small: " << static_cast<uint32_t>(capacity) << " B, a request for "
+    << static_cast<uint32_t>(request) << " B did not fit";
+  send_memory();
+  fail(DK_ERR_POOL, t.c_str(), DK_STATUS_POOL_TOO_SMALL);
+}
+
+/* ---- tensor layout ---- */
+bool is_contiguous(Span<const uint8_t> dim_order) {
+  for (size_t i = 0; i < dim_order.size(); ++i)
+    if (dim_order[i] != i) return false;
+  return true;
+}
+
+/* Copies `src` (logical row-major order) into `dst` laid out in `dim_order`, or the other way
+ * round (to_logical). Works for any rank up to 16. */
+void relayout(uint8_t *dst, const uint8_t *src, Span<const int32_t> sizes,
+              Span<const uint8_t> dim_order, size_t elem, bool to_logical) {
+  const size_t ndim = sizes.size();
+  int32_t strides[16];  // element strides of the dim-ordered layout, per logical dimension
+  int32_t s = 1;
+  for (size_t k = ndim; k-- > 0;) {
+    strides[dim_order[k]] = s;
+    s *= sizes[dim_order[k]];
+  }
+  size_t numel = 1;
+  for (size_t d = 0; d < ndim; ++d) numel *= static_cast<size_t>(sizes[d]);
+  int32_t idx[16] = {0};
+  for (size_t linear = 0; linear < numel; ++linear) {
+    size_t off = 0;
+    for (size_t d = 0; d < ndim; ++d) off += static_cast<size_t>(idx[d] * strides[d]);
+    if (to_logical)
+      memcpy(dst + linear * elem, src + off * elem, elem);
+    else
+      memcpy(dst + off * elem, src + linear * elem, elem);
+    for (size_t d = ndim; d-- > 0;) {  // row-major increment
+      if (++idx[d] < sizes[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+bool protocol_dtype(ScalarType t) {
+  switch (t) {
+    case ScalarType::Byte:
+    case ScalarType::Char:
+    case ScalarType::Short:
+    case ScalarType::Int:
+    case ScalarType::Long:
+    case ScalarType::Float:
+    case ScalarType::Double:
+    case ScalarType::Bool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void set_inputs(Method &method, const MethodMeta &meta) {
+  if (meta.num_inputs() != DK_NUM_INPUTS) fail(DK_ERR_INPUT, "model_io.h: wrong number of inputs");
+  for (size_t i = 0; i < DK_NUM_INPUTS; ++i) {
+    const dk_tensor_data &in = dk_inputs[i];
+    Result<TensorInfo> info = meta.input_tensor_meta(i);
+    if (!info.ok()) fail(DK_ERR_NOT_TENSOR, "input is not a tensor");
+    Span<const int32_t> sizes = info->sizes();
+    bool same = static_cast<uint8_t>(info->scalar_type()) == in.dtype && sizes.size() == in.ndim &&
+                info->nbytes() == in.nbytes && sizes.size() <= 16;
+    for (size_t d = 0; same && d < sizes.size(); ++d) same = sizes[d] == in.sizes[d];
+    if (!same) {
+      char buf[96];
+      Text t(buf, sizeof buf);
+      t << "model_io.h: input " << static_cast<uint32_t>(i)
+        << " differs from the program's (dtype, sizes or bytes)";
+      fail(DK_ERR_INPUT, t.c_str());
+    }
+    Span<const uint8_t> dim_order = info->dim_order();
+    if (is_contiguous(dim_order)) {
+      TensorImpl impl(info->scalar_type(), static_cast<ssize_t>(sizes.size()),
+                      const_cast<TensorImpl::SizesType *>(sizes.data()),
+                      const_cast<void *>(in.data),
+                      const_cast<TensorImpl::DimOrderType *>(dim_order.data()));
+      Error err = method.set_input(EValue(Tensor(&impl)), i);
+      if (err != Error::Ok) fail_et(err, "set_input");
+    } else if (info->is_memory_planned()) {
+      // Lay the logical data out straight into the planned input buffer.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+      EValue &dst = method.mutable_input(i);
+#pragma GCC diagnostic pop
+      if (!dst.isTensor()) fail(DK_ERR_NOT_TENSOR, "input is not a tensor");
+      Tensor t = dst.toTensor();
+      relayout(static_cast<uint8_t *>(t.mutable_data_ptr()), static_cast<const uint8_t *>(in.data),
+               sizes, dim_order, t.element_size(), false);
+    } else {
+      // A user-provided input in a non-default dim order: lay it out in temp memory, which the
+      // method shares (it is not reset before the first kernel reads the input).
+      void *buf = temp_allocator.allocate(in.nbytes, 16);
+      if (buf == nullptr) fail_pool("temp_pool", DK_TEMP_POOL_SIZE, in.nbytes);
+      relayout(static_cast<uint8_t *>(buf), static_cast<const uint8_t *>(in.data), sizes,
+               dim_order, executorch::runtime::elementSize(info->scalar_type()), false);
+      TensorImpl impl(info->scalar_type(), static_cast<ssize_t>(sizes.size()),
+                      const_cast<TensorImpl::SizesType *>(sizes.data()), buf,
+                      const_cast<TensorImpl::DimOrderType *>(dim_order.data()));
+      Error err = method.set_input(EValue(Tensor(&impl)), i);
+      if (err != Error::Ok) fail_et(err, "set_input");
+    }
+  }
+}
+
+void send_outputs(const Method &method) {
+  for (size_t i = 0; i < method.outputs_size(); ++i) {
+    const EValue &v = method.get_output(i);
+    if (!v.isTensor()) fail(DK_ERR_NOT_TENSOR, "output is not a tensor");
+    const Tensor &t = v.toTensor();
+    if (!protocol_dtype(t.scalar_type()) || t.dim() > 16)
+      fail(DK_ERR_OUTPUT_DTYPE, "output dtype or rank the protocol cannot carry");
+    const void *data = t.const_data_ptr();
+    Span<const uint8_t> dim_order(t.dim_order().data(), t.dim_order().size());
+    if (!is_contiguous(dim_order)) {
+      // The temp pool is free between executions: use it to put the output in logical order.
+      temp_allocator.reset();
+      void *buf = temp_allocator.allocate(t.nbytes(), 16);
+      if (buf == nullptr) fail_pool("temp_pool", DK_TEMP_POOL_SIZE, t.nbytes());
+      relayout(static_cast<uint8_t *>(buf), static_cast<const uint8_t *>(data),
+               Span<const int32_t>(t.sizes().data(), t.sizes().size()), dim_order,
+               t.element_size(), true);
+      data = buf;
+    }
+    dk_send_tensor(static_cast<uint16_t>(i), static_cast<uint8_t>(t.scalar_type()),
+                   static_cast<uint8_t>(t.dim()), t.sizes().data(), 0.0f, 0, data,
+                   static_cast<uint32_t>(t.nbytes()));
+  }
+}
+
+void send_hello() {
+  static char buf[512];
+  Text t(buf, sizeof buf);
+  const size_t kernels = executorch::runtime::get_registered_kernels().size();
+  t << "protocol=1\nboard=" << DK_BOARD_NAME << "\nfirmware=executorch-runner\npte_sha256="
+    << DK_PTE_SHA256 << "\ninputs_sha256=" << DK_INPUTS_SHA256 << "\net_commit=" << DK_ET_COMMIT
+    << "\nbuild=" << DK_BUILD_INFO << "\net_runtime=" << DK_ET_RUNTIME_KEY
+    << "\nkernels=" << static_cast<uint32_t>(kernels) << "/"
+    << static_cast<uint32_t>(DK_MAX_KERNEL_NUM);
+  dk_send_hello(t.c_str());
+}
+
+}  // namespace
+
+/* ---- ExecuTorch platform layer (strong definitions over the runtime's weak minimal PAL) ---- */
+extern "C" {
+
+void et_pal_init(void) {}
+
+ET_NORETURN void et_pal_abort(void) {
+  dk_send_error(DK_ERR_ABORT, "ExecuTorch aborted (et_pal_abort)");
+  finish(DK_STATUS_ET_ERROR);
+}
+
+et_timestamp_t et_pal_current_ticks(void) { return dk_ticks(); }
+
+et_tick_ratio_t et_pal_ticks_to_ns_multiplier(void) {
+  const uint32_t hz = dk_tick_hz();
+  // ns per tick = 1e9 / hz; exact for the usual MHz-multiple clocks.
+  if (hz != 0u && 1000000000u % hz == 0u) return {1000000000u / hz, 1u};
+  return {1000u, hz / 1000000u ? hz / 1000000u : 1u};
+}
+
+void et_pal_emit_log_message(et_timestamp_t, et_pal_log_level_t level, const char *, const char *,
+                             size_t, const char *message, size_t length) {
+  // Only reached when the runtime is built with logging (EXECUTORCH_ENABLE_LOGGING=ON).
+  char buf[200];
+  const char lv = static_cast<char>(level);
+  size_t n = 0;
+  buf[n++] = lv;
+  buf[n++] = ' ';
+  for (size_t i = 0; i < length && message[i] && n < sizeof buf; ++i) buf[n++] = message[i];
+  dk_send_log_n(buf, n);
+}
+
+void *et_pal_allocate(size_t) { return nullptr; }  // every allocation comes from the pools
+void et_pal_free(void *) {}
+
+}  // extern "C"
+
+int main(void) {
+  dk_board_init();
+  executorch::runtime::runtime_init();
+  send_hello();
+
+  BufferDataLoader loader(dk_model_pte, dk_model_pte_size);
+  Result<Program> program = Program::load(&loader);
+  if (!program.ok()) fail_et(program.error(), "Program::load");
+
+  Result<const char *> name = program->get_method_name(0);
+  if (!name.ok()) fail_et(name.error(), "get_method_name");
+  Result<MethodMeta> meta = program->method_meta(*name);
+  if (!meta.ok()) fail_et(meta.error(), "method_meta");
+
+  // Planned memory: one span per planned buffer, each at least as large as the program needs.
+  const size_t n_planned = meta->num_memory_planned_buffers();
+  if (n_planned != kPlannedCount) {
+    char buf[128];
+    Text t(buf, sizeof buf);
+    t << "model_config.h plans " << static_cast<uint32_t>(kPlannedCount)
+      << " buffers, the program has " << static_cast<uint32_t>(n_planned);
+    fail(DK_ERR_POOL, t.c_str(), DK_STATUS_POOL_TOO_SMALL);
+  }
+  static Span<uint8_t> spans[kPlannedCount > 0 ? kPlannedCount : 1];
+  size_t offset = 0;
+  for (size_t i = 0; i < n_planned; ++i) {
+    const int64_t need = meta->memory_planned_buffer_size(i).get();
+    if (need > static_cast<int64_t>(kPlannedSizes[i])) {
+      char buf[32];
+      Text t(buf, sizeof buf);
+      t << "planned_pool[" << static_cast<uint32_t>(i) << "]";
+      fail_pool(t.c_str(), kPlannedSizes[i], static_cast<size_t>(need));
+    }
+    spans[i] = Span<uint8_t>(planned_pool + offset, kPlannedSizes[i]);
+    offset += (kPlannedSizes[i] + 15u) & ~size_t(15u);
+    planned_used += static_cast<size_t>(need);
+  }
+  HierarchicalAllocator planned({spans, n_planned});
+  MemoryManager memory(&method_allocator, &planned, &temp_allocator);
+
+  Result<Method> method = program->load_method(*name, &memory);
+  if (!method.ok()) {
+    if (method_allocator.failed_request() != 0)
+      fail_pool("method_pool", DK_METHOD_POOL_SIZE, method_allocator.failed_request());
+    fail_et(method.error(), "load_method");
+  }
+
+  set_inputs(*method, *meta);
+
+  const uint64_t t0 = dk_ticks();
+  Error err = method->execute();
+  const uint64_t t1 = dk_ticks();
+  if (err != Error::Ok) {
+    if (temp_allocator.failed_request() != 0)
+      fail_pool("temp_pool", DK_TEMP_POOL_SIZE, temp_allocator.failed_request());
+    fail_et(err, "execute");
+  }
+
+  send_outputs(*method);
+  dk_send_timing(t1 - t0, dk_tick_hz(), 1u, DK_INSTRUCTIONS_UNKNOWN);
+  send_memory();
+  finish(DK_STATUS_OK);
+}

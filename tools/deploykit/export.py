@@ -1,0 +1,671 @@
+"""The Export stage: a loaded model -> `.pte`, operator list and host reference outputs.
+
+Flows
+-----
+``portable_fp32``
+    torch.export -> ``to_edge_transform_and_lower`` (no partitioner) -> ``constant_prop_pass``
+    (folds the Linear weight transposes: ~1/4 the instructions and no 100 KB planned buffer
+    for an MLP) -> ``to_executorch``. The reference is the ``.pte`` itself run by the host
+    ExecuTorch pybindings (the device runs the same portable kernels, so bit-exact is
+    expected); PyTorch eager is run too and its difference recorded.
+``cortex_m_int8``
+    ``CortexMQuantizer`` + PT2E ``prepare_pt2e`` / calibrate / ``convert_pt2e`` ->
+    torch.export -> ``to_edge_transform_and_lower`` with the Cortex-M edge config of
+    ``backends/cortex_m/test/tester.py`` -> ``CortexMPassManager`` for the board CPU
+    (``CortexMTargetConfig``: MVE/DSP/scalar CMSIS-NN paths take differently laid-out
+    constants, so the ``.pte`` is CPU-specific) -> ``to_executorch``. 4-D float inputs are
+    made channels-last (the CMSIS-NN kernels are NHWC), so such an input's bytes are NHWC on
+    the device: see ``input_dim_orders`` / :func:`memory_order_bytes`. The ``.pte`` cannot run
+    on the host (no ``cortex_m::`` kernels there), so the reference is the converted PT2E model
+    run in PyTorch; outputs are float (dequantized inside the graph).
+
+Files written into ``out_dir`` (each atomically; stale ones are removed first, and on
+failure nothing but ``export-error.log`` is left): ``model.pte``, ``ops.yaml`` (gen_oplist
+selective-build yaml), ``reference.npz`` (``input_<i>``, ``output_<i>``, logical shapes,
+C order) and, last, ``export.json`` (the report; its presence marks a complete export).
+
+torch and executorch are imported inside the functions, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigError, DeployKitError, ExportError
+from .fsutil import write_atomic
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .models import ModelSpec
+
+FLOWS = ("portable_fp32", "cortex_m_int8")
+PTE_NAME = "model.pte"
+OPS_YAML_NAME = "ops.yaml"
+REPORT_NAME = "export.json"
+REFERENCE_NAME = "reference.npz"
+ERROR_LOG_NAME = "export-error.log"
+REPORT_SCHEMA_VERSION = 1
+
+REFERENCE_KINDS = {
+    "portable_fp32": "executorch-pybindings",
+    "cortex_m_int8": "pt2e-quantized-torch",
+}
+# Used when the model file gives no TOLERANCE for the flow (device vs reference).
+DEFAULT_FP32_TOLERANCE = {"atol": 1e-5, "rtol": 0.0}
+DEFAULT_INT8_STEPS = 2.0  # int8 default atol: this many output quantization steps
+
+_SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16",
+                 6: "float32", 7: "float64", 11: "bool", 15: "bfloat16", 27: "uint16",
+                 28: "uint32", 29: "uint64"}
+
+
+@dataclass(frozen=True)
+class QuantParams:
+    """Affine int quantization of one tensor: real = (q - zero_point) * scale."""
+
+    scale: float
+    zero_point: int
+    qmin: int
+    qmax: int
+    dtype: str  # "int8"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "zero_point": self.zero_point, "qmin": self.qmin,
+                "qmax": self.qmax, "dtype": self.dtype}
+
+
+@dataclass
+class PteTensor:
+    dtype: str  # numpy dtype name, e.g. "float32", "int8"
+    sizes: list[int]
+    dim_order: list[int]  # [0, 2, 3, 1] = NHWC memory for a logical NCHW tensor
+
+    @property
+    def nbytes(self) -> int:
+        import numpy as np
+
+        n = 1
+        for s in self.sizes:
+            n *= s
+        return n * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class PteInfo:
+    """What the serialized program says about method `forward`."""
+
+    operators: list[str]  # "aten::addmm.out", in the program's operator table order
+    kernel_calls: dict[str, int]  # operator -> number of KernelCall instructions
+    inputs: list[PteTensor]
+    outputs: list[PteTensor]
+    planned_buffer_sizes: list[int]  # execution_plan.non_const_buffer_sizes; index 0 reserved
+    num_delegates: int
+
+
+@dataclass
+class ExportResult:
+    flow: str
+    cpu: str
+    model_name: str
+    pte_path: Path
+    report_path: Path
+    reference_path: Path
+    ops_yaml_path: Path
+    op_list: list[str]  # from ops.yaml (gen_oplist), sorted: "cortex_m::quantized_linear.out"
+    inputs: list[np.ndarray]  # logical shapes, C-contiguous, the dtype the .pte takes
+    input_dim_orders: list[list[int]]  # memory order the .pte expects for each input
+    host_outputs: list[np.ndarray]  # the reference the device must match (logical, C order)
+    output_dim_orders: list[list[int]]
+    reference_kind: str  # "executorch-pybindings" | "pt2e-quantized-torch"
+    eager_outputs: list[np.ndarray]  # float PyTorch eager on the same inputs
+    eager_max_abs_diff: float  # max |reference - eager| over all outputs
+    input_quant: list[QuantParams | None]  # quantize node right after each input (int8 flow)
+    output_quant: list[QuantParams | None]  # dequantize node right before each output
+    tolerance: dict[str, float]  # device-vs-reference tolerance to apply (atol, rtol)
+    tolerance_source: str  # "model" (its TOLERANCE) or "default"
+    export_seconds: float
+    pte_size: int
+    pte_sha256: str
+    planned_buffer_sizes: list[int]
+    kernel_calls: dict[str, int]
+    timings: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def memory_order_bytes(array: np.ndarray, dim_order: list[int]) -> bytes:
+    """Raw bytes of a logical array in the memory order a `.pte` tensor expects.
+
+    `dim_order` [0, 2, 3, 1] turns a logical NCHW array into NHWC bytes; the identity order
+    gives the plain C-order bytes.
+    """
+    import numpy as np
+
+    return np.ascontiguousarray(np.transpose(array, dim_order)).tobytes()
+
+
+def read_pte_info(pte: Path | bytes) -> PteInfo:
+    """Deserialize a `.pte` (path or bytes) and describe its `forward` method.
+
+    Raises ExportError if it is not a valid ExecuTorch program.
+    """
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    data = Path(pte).read_bytes() if not isinstance(pte, (bytes, bytearray)) else bytes(pte)
+    try:
+        program = deserialize_pte_binary(data).program
+    except Exception as e:
+        raise ExportError(f"Not a valid ExecuTorch .pte: {type(e).__name__}: {e}",
+                          "Re-run the export.") from e
+    plans = [p for p in program.execution_plan if p.name == "forward"]
+    if not plans:
+        raise ExportError("The .pte has no 'forward' method.", "Re-run the export.")
+    plan = plans[0]
+    operators = [f"{o.name}.{o.overload}" if o.overload else o.name for o in plan.operators]
+    calls: dict[str, int] = {}
+    for chain in plan.chains:
+        for instr in chain.instructions:
+            op_index = getattr(instr.instr_args, "op_index", None)
+            if op_index is not None and type(instr.instr_args).__name__ == "KernelCall":
+                calls[operators[op_index]] = calls.get(operators[op_index], 0) + 1
+
+    def tensor(i: int) -> PteTensor:
+        v = plan.values[i].val
+        if not hasattr(v, "dim_order"):
+            raise ExportError(f"The .pte's forward has a non-tensor input/output ({type(v)}).",
+                              "Only tensor inputs and outputs are supported.")
+        st = int(v.scalar_type)
+        return PteTensor(dtype=_SCALAR_TYPES.get(st, f"scalar_type_{st}"),
+                         sizes=list(v.sizes), dim_order=list(v.dim_order))
+
+    return PteInfo(operators=operators, kernel_calls=calls,
+                   inputs=[tensor(i) for i in plan.inputs],
+                   outputs=[tensor(i) for i in plan.outputs],
+                   planned_buffer_sizes=list(plan.non_const_buffer_sizes),
+                   num_delegates=len(plan.delegates))
+
+
+def parse_ops_yaml(path: Path) -> list[str]:
+    """The operator names of a gen_oplist yaml (its `operators` keys), sorted."""
+    return _ops_from_yaml(Path(path).read_bytes())
+
+
+def _ops_from_yaml(text: bytes | str) -> list[str]:
+    import yaml
+
+    doc = yaml.safe_load(text) or {}
+    return sorted((doc.get("operators") or {}).keys())
+
+
+def parse_cpu(cpu: str) -> tuple[str, str | None]:
+    """Split a board CPU string into (cortex_m target string, ISA override or None).
+
+    "cortex-m55" -> ("cortex-m55", None); "cortex-m55+nomve" -> ("cortex-m55", "DSP");
+    "cortex-m33+nodsp" -> ("cortex-m33", "SCALAR"); "+nofp" etc. are ignored here.
+    """
+    base, *exts = cpu.strip().lower().split("+")
+    if not base.startswith("cortex-m") or len(base) <= len("cortex-m"):
+        raise ConfigError(f"CPU '{cpu}' is not a Cortex-M CPU.",
+                          "Use a GCC-style name such as cortex-m55, cortex-m33 or "
+                          "cortex-m33+nofp.")
+    isa = None
+    if any(e.startswith("nodsp") for e in exts):
+        isa = "SCALAR"
+    elif any(e.startswith("nomve") for e in exts):
+        isa = "DSP"
+    return base, isa
+
+
+def _target_config(cpu: str) -> Any:
+    from executorch.backends.cortex_m.library import cmsis_nn
+    from executorch.backends.cortex_m.target_config import CortexM, CortexMTargetConfig
+
+    base, isa = parse_cpu(cpu)
+    try:
+        cfg = CortexMTargetConfig.from_target_string(base)
+        if isa is not None:
+            cfg = CortexMTargetConfig(cpu=cfg.cpu, isa=getattr(cmsis_nn.Backend, isa))
+        _ = cfg.backend  # resolves through cmsis_nn; fails for CPUs it does not know
+    except ValueError as e:
+        supported = ", ".join("cortex-m" + m.name[1:].lower() for m in CortexM)
+        raise ConfigError(f"CPU '{cpu}' is not supported by the ExecuTorch Cortex-M backend: "
+                          f"{e}", f"Supported: {supported}.") from e
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage bookkeeping
+
+
+class _Stages:
+    """Times named steps and turns their exceptions into ExportError naming the step."""
+
+    def __init__(self, flow: str, model: str) -> None:
+        self.flow = flow
+        self.model = model
+        self.timings: dict[str, float] = {}
+        self.failed_traceback: str | None = None
+
+    @contextlib.contextmanager
+    def step(self, name: str, hint: str = "") -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        except DeployKitError:
+            raise
+        except Exception as e:
+            self.failed_traceback = traceback.format_exc()
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise ExportError(
+                f"{self.flow} export of '{self.model}' failed in {name}: "
+                f"{type(e).__name__}: {msg}",
+                hint or "The model may use an operator or pattern this flow does not support; "
+                "see the log for the full traceback.") from e
+        finally:
+            self.timings[name] = round(time.perf_counter() - t0, 3)
+
+
+def _flatten_tensors(out: Any) -> list[Any]:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _flatten_tensors(o)]
+    raise TypeError(f"model output contains {type(out).__name__}; only tensors are supported")
+
+
+def _to_numpy(t: Any) -> np.ndarray:
+    return t.detach().contiguous().cpu().numpy().copy()
+
+
+def _max_abs_diff(a: list[np.ndarray], b: list[np.ndarray]) -> list[float]:
+    import numpy as np
+
+    return [float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))) if x.size else 0.0
+            for x, y in zip(a, b, strict=True)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Flows. Each returns a dict: pte (bytes), reference (list[Tensor]), eager (list[Tensor]),
+# inputs (tuple[Tensor]), input_quant, output_quant, extra (dict for the report).
+
+
+def _cortex_m_edge_compile_config() -> Any:
+    """The EdgeCompileConfig of backends/cortex_m/test/tester.py (CortexMToEdge) at v1.4.1."""
+    import torch
+    from executorch.exir import EdgeCompileConfig
+
+    return EdgeCompileConfig(
+        preserve_ops=[
+            torch.ops.aten.linear.default,
+            torch.ops.aten.hardsigmoid.default,
+            torch.ops.aten.hardsigmoid_.default,
+            torch.ops.aten.hardswish.default,
+            torch.ops.aten.hardswish_.default,
+            torch.ops.aten.silu.default,
+        ],
+        _check_ir_validity=False,
+        _core_aten_ops_exception_list=[torch.ops.aten.max_pool2d.default],
+    )
+
+
+def _flow_portable_fp32(spec: ModelSpec, st: _Stages) -> dict[str, Any]:
+    with st.step("import torch/executorch"):
+        import torch
+        from executorch.exir import to_edge_transform_and_lower
+        from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+
+    inputs = tuple(t.clone().contiguous() for t in spec.example_inputs)
+    with st.step("torch.export", "Make the model exportable with torch.export.export(model, "
+                 "example_inputs()) (no data-dependent Python control flow)."):
+        ep = torch.export.export(spec.module, inputs)
+    with st.step("to_edge_transform_and_lower"):
+        edge = to_edge_transform_and_lower(ep)
+    with st.step("constant_prop_pass"):
+        folded = constant_prop_pass(edge.exported_program())
+        if folded is not edge.exported_program():
+            edge._edge_programs["forward"] = folded  # same hand-off upstream's tester uses
+    with st.step("to_executorch"):
+        pte = bytes(edge.to_executorch().buffer)
+
+    with st.step("host reference (executorch pybindings)",
+                 "The .pte did not run on the host ExecuTorch runtime; a kernel is missing or "
+                 "the program is invalid."):
+        from executorch.runtime import Runtime
+
+        method = Runtime.get().load_program(pte).load_method("forward")
+        reference = _flatten_tensors(list(method.execute([t.clone() for t in inputs])))
+    with st.step("eager reference"), torch.no_grad():
+        eager = _flatten_tensors(spec.module(*[t.clone() for t in inputs]))
+    return {"pte": pte, "reference": reference, "eager": eager, "inputs": inputs,
+            "input_quant": [None] * len(inputs), "output_quant": [None] * len(reference),
+            "dialect_check": None, "extra": {}}
+
+
+def _qparams_from_node_args(args: tuple[Any, ...]) -> QuantParams:
+    # cortex_m.{quantize,dequantize}_per_tensor(x, scale, zero_point, qmin, qmax, dtype)
+    _, scale, zp, qmin, qmax, dtype = args[:6]
+    return QuantParams(scale=float(scale), zero_point=int(zp), qmin=int(qmin), qmax=int(qmax),
+                       dtype=str(dtype).replace("torch.", ""))
+
+
+def _io_quant(ep: Any) -> tuple[list[QuantParams | None], list[QuantParams | None]]:
+    """QuantParams of the cortex_m quantize after each user input / dequantize before each
+    user output of a lowered edge program (None where there is none)."""
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    def is_op(node: Any, name: str) -> bool:
+        return node.op == "call_function" and f"cortex_m.{name}" in str(node.target)
+
+    sig = ep.graph_signature
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    in_q: list[QuantParams | None] = []
+    for spec in sig.input_specs:
+        if spec.kind != InputKind.USER_INPUT:
+            continue
+        node = placeholders.get(spec.arg.name)
+        users = [u for u in node.users if is_op(u, "quantize_per_tensor")] if node else []
+        in_q.append(_qparams_from_node_args(users[0].args) if len(users) == 1 else None)
+    out_node = next(n for n in ep.graph.nodes if n.op == "output")
+    out_args = list(out_node.args[0])
+    out_q: list[QuantParams | None] = []
+    for spec, arg in zip(sig.output_specs, out_args, strict=True):
+        if spec.kind != OutputKind.USER_OUTPUT:
+            continue
+        ok = hasattr(arg, "op") and is_op(arg, "dequantize_per_tensor")
+        out_q.append(_qparams_from_node_args(arg.args) if ok else None)
+    return in_q, out_q
+
+
+def _flow_cortex_m_int8(spec: ModelSpec, st: _Stages, cpu: str) -> dict[str, Any]:
+    with st.step("import torch/executorch"):
+        import torch
+        from executorch.backends.cortex_m.passes.cortex_m_pass_manager import (
+            CortexMPassManager,
+        )
+        from executorch.backends.cortex_m.quantizer.quantizer import CortexMQuantizer
+        from executorch.exir import to_edge_transform_and_lower
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    target = _target_config(cpu)
+
+    def nhwc(t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        return t.to(memory_format=torch.channels_last) if t.dim() == 4 else t
+
+    inputs = tuple(nhwc(t) for t in spec.example_inputs)
+    calibration = [tuple(nhwc(t) for t in sample) for sample in spec.calibration_inputs]
+
+    with st.step("torch.export", "Make the model exportable with torch.export.export(model, "
+                 "example_inputs()) (no data-dependent Python control flow)."):
+        exported = torch.export.export(spec.module, inputs)
+        try:
+            # torch 2.13 adds a _guards_fn call_module that the Arm/Cortex-M passes reject.
+            graph_module = exported.module(check_guards=False)
+        except TypeError:  # older torch: no such argument, and no such node
+            graph_module = exported.module()
+    with st.step("quantization (prepare_pt2e)"):
+        prepared = prepare_pt2e(graph_module, CortexMQuantizer())
+    with st.step("calibration"), torch.no_grad():
+        for sample in calibration:
+            prepared(*sample)
+    with st.step("quantization (convert_pt2e)"):
+        converted = convert_pt2e(prepared)
+    with st.step("reference (quantized PT2E model)"), torch.no_grad():
+        reference = _flatten_tensors(converted(*[t.clone() for t in inputs]))
+    with st.step("eager reference"), torch.no_grad():
+        eager = _flatten_tensors(spec.module(*[t.clone() for t in inputs]))
+    with st.step("torch.export (quantized)"):
+        qep = torch.export.export(converted, inputs)
+    with st.step("to_edge_transform_and_lower"):
+        edge = to_edge_transform_and_lower(qep, compile_config=_cortex_m_edge_compile_config())
+    with st.step("CortexMPassManager"):
+        lowered = CortexMPassManager(edge.exported_program(), target_config=target).transform()
+        # Upstream (tester.py, aot_arm_compiler.py) swaps the program in the same way.
+        edge._edge_programs["forward"] = lowered
+        input_quant, output_quant = _io_quant(lowered)
+    with st.step("cortex_m dialect check"):
+        # Before to_executorch, which rewrites the graph in place to out-variants.
+        dialect_check = _dialect_check(lowered, inputs, reference, output_quant)
+    with st.step("to_executorch"):
+        pte = bytes(edge.to_executorch().buffer)
+    return {"pte": pte, "reference": reference, "eager": eager, "inputs": inputs,
+            "input_quant": input_quant, "output_quant": output_quant,
+            "dialect_check": dialect_check,
+            "extra": {"cpu": target.target_string, "cmsis_nn_backend": target.backend.name}}
+
+
+def _dialect_check(lowered: Any, inputs: tuple[Any, ...], reference: list[Any],
+                   output_quant: list[QuantParams | None]) -> dict[str, Any]:
+    """Run the lowered cortex_m graph through the ops' Python reference code (integer
+    arithmetic modelled on CMSIS-NN) and compare with the PT2E reference. Best effort: some
+    ops' Python code rejects some shapes, so a failure here is recorded, not raised."""
+    import numpy as np
+    import torch
+
+    try:
+        with torch.no_grad():
+            out = _flatten_tensors(lowered.module()(*[t.clone() for t in inputs]))
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return {"ran": False, "error": f"{type(e).__name__}: {msg}"[:500]}
+    if len(out) != len(reference):
+        return {"ran": False, "error": f"{len(out)} outputs, reference has {len(reference)}"}
+    diffs = _max_abs_diff([_to_numpy(t) for t in out], [_to_numpy(t) for t in reference])
+    steps = _in_steps(diffs, output_quant)
+    return {"ran": True, "max_abs_diff_vs_reference": max(diffs) if diffs else 0.0,
+            "max_diff_output_steps": max((s for s in steps if s is not None), default=None),
+            "bit_exact": bool(all(np.isclose(d, 0.0, atol=0.0) for d in diffs))}
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _gen_oplist(pte: bytes, work: Path) -> bytes:
+    from executorch.codegen.tools.gen_oplist import gen_oplist
+
+    pte_path = work / "model.pte"
+    yaml_path = work / "ops.yaml"
+    pte_path.write_bytes(pte)
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints every operator
+        gen_oplist(output_path=str(yaml_path), model_file_path=str(pte_path))
+    return yaml_path.read_bytes()
+
+
+def _remove_outputs(out_dir: Path, names: tuple[str, ...]) -> None:
+    for name in names:
+        (out_dir / name).unlink(missing_ok=True)
+
+
+def _versions() -> dict[str, str]:
+    import executorch.version as etv
+    import torch
+
+    return {"torch": torch.__version__, "executorch": getattr(etv, "__version__", "?"),
+            "executorch_git": getattr(etv, "git_version", "?")}
+
+
+def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55") -> ExportResult:
+    """Export `spec` through `flow` into `out_dir` (see the module docstring).
+
+    Raises ConfigError for a bad flow/CPU, ExportError (with `log_path` to a full traceback)
+    when a step fails. On failure no `.pte` (nor any other output but the error log) is left.
+    """
+    import numpy as np
+
+    if flow not in FLOWS:
+        raise ConfigError(f"Unknown flow '{flow}'.", f"Use one of: {', '.join(FLOWS)}.")
+    parse_cpu(cpu)
+    if flow == "cortex_m_int8":
+        _target_config(cpu)  # validate before any heavy work
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outputs = (REPORT_NAME, PTE_NAME, OPS_YAML_NAME, REFERENCE_NAME)
+    _remove_outputs(out_dir, outputs + (ERROR_LOG_NAME,))  # never leave a stale mix behind
+
+    st = _Stages(flow, spec.name)
+    t_start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            if flow == "portable_fp32":
+                art = _flow_portable_fp32(spec, st)
+            else:
+                art = _flow_cortex_m_int8(spec, st, cpu)
+            pte: bytes = art["pte"]
+            with st.step("read .pte"):
+                info = read_pte_info(pte)
+            with st.step("gen_oplist"), tempfile.TemporaryDirectory(prefix="dk-oplist-") as tmp:
+                ops_yaml = _gen_oplist(pte, Path(tmp))
+                op_list = _ops_from_yaml(ops_yaml)
+        export_seconds = round(time.perf_counter() - t_start, 3)
+
+        inputs_np = [_to_numpy(t) for t in art["inputs"]]
+        reference_np = [_to_numpy(t) for t in art["reference"]]
+        eager_np = [_to_numpy(t) for t in art["eager"]]
+        if len(reference_np) != len(info.outputs) or len(inputs_np) != len(info.inputs):
+            raise ExportError(
+                f"The .pte has {len(info.inputs)} inputs/{len(info.outputs)} outputs but the "
+                f"model has {len(inputs_np)}/{len(reference_np)}.",
+                "Report this: the exported program does not match the model's signature.")
+        diffs = _max_abs_diff(reference_np, eager_np)
+        warn = _checks(flow, spec.name, op_list, info)
+        dc = art["dialect_check"]
+        if dc is not None and dc.get("ran") and not dc.get("bit_exact"):
+            warn.append("The cortex_m ops' Python reference differs from the PT2E reference by "
+                        f"{dc['max_diff_output_steps']} output steps; expect the device to "
+                        "differ from reference.npz by about as much.")
+
+        tolerance, tol_source = _tolerance(spec, flow, art["output_quant"])
+        pte_sha = hashlib.sha256(pte).hexdigest()
+
+        npz = io.BytesIO()
+        np.savez(npz, **{f"input_{i}": a for i, a in enumerate(inputs_np)},
+                 **{f"output_{i}": a for i, a in enumerate(reference_np)})
+
+        report = {
+            "schema_version": REPORT_SCHEMA_VERSION,
+            "model": spec.name,
+            "model_source": str(spec.source_path),
+            "flow": flow,
+            "cpu": cpu,
+            **({"cortex_m_target": art["extra"]} if art["extra"] else {}),
+            "versions": _versions(),
+            "pte": {"file": PTE_NAME, "size": len(pte), "sha256": pte_sha},
+            "ops_yaml": OPS_YAML_NAME,
+            "op_list": op_list,
+            "kernel_calls": info.kernel_calls,
+            **({"non_cortex_m_ops": [o for o in op_list if not o.startswith("cortex_m::")]}
+               if flow == "cortex_m_int8" else {}),
+            "num_delegates": info.num_delegates,
+            "planned_buffer_sizes": info.planned_buffer_sizes,
+            "inputs": _tensor_entries("input", inputs_np, info.inputs, art["input_quant"]),
+            "outputs": _tensor_entries("output", reference_np, info.outputs,
+                                       art["output_quant"]),
+            "reference": {
+                "kind": REFERENCE_KINDS[flow],
+                "file": REFERENCE_NAME,
+                "eager_max_abs_diff": max(diffs) if diffs else 0.0,
+                "eager_max_abs_diff_per_output": diffs,
+                "eager_max_abs_diff_in_output_steps": _in_steps(diffs, art["output_quant"]),
+                "output_range": [float(a.max() - a.min()) if a.size else 0.0
+                                 for a in reference_np],
+                **({"cortex_m_dialect_check": art["dialect_check"]}
+                   if art["dialect_check"] is not None else {}),
+            },
+            "tolerance": tolerance,
+            "tolerance_source": tol_source,
+            "export_seconds": export_seconds,
+            "timings": st.timings,
+            "warnings": warn,
+        }
+
+        with st.step("write outputs"):
+            write_atomic(out_dir / PTE_NAME, pte)
+            write_atomic(out_dir / OPS_YAML_NAME, ops_yaml)
+            write_atomic(out_dir / REFERENCE_NAME, npz.getvalue())
+            write_atomic(out_dir / REPORT_NAME, json.dumps(report, indent=2) + "\n")
+    except BaseException as e:
+        _remove_outputs(out_dir, outputs)
+        if isinstance(e, ExportError):
+            log = out_dir / ERROR_LOG_NAME
+            body = st.failed_traceback or "".join(traceback.format_exception(e))
+            write_atomic(log, f"{e}\n\n{body}")
+            e.log_path = str(log)
+        raise
+
+    return ExportResult(
+        flow=flow, cpu=cpu, model_name=spec.name,
+        pte_path=out_dir / PTE_NAME, report_path=out_dir / REPORT_NAME,
+        reference_path=out_dir / REFERENCE_NAME, ops_yaml_path=out_dir / OPS_YAML_NAME,
+        op_list=op_list, inputs=inputs_np,
+        input_dim_orders=[t.dim_order for t in info.inputs],
+        host_outputs=reference_np, output_dim_orders=[t.dim_order for t in info.outputs],
+        reference_kind=REFERENCE_KINDS[flow], eager_outputs=eager_np,
+        eager_max_abs_diff=max(diffs) if diffs else 0.0,
+        input_quant=list(art["input_quant"]), output_quant=list(art["output_quant"]),
+        tolerance=tolerance, tolerance_source=tol_source,
+        export_seconds=export_seconds, pte_size=len(pte), pte_sha256=pte_sha,
+        planned_buffer_sizes=info.planned_buffer_sizes, kernel_calls=info.kernel_calls,
+        timings=dict(st.timings), warnings=warn,
+    )
+
+
+def _tensor_entries(prefix: str, arrays: list[np.ndarray], tensors: list[PteTensor],
+                    quant: list[QuantParams | None]) -> list[dict[str, Any]]:
+    return [{"name": f"{prefix}_{i}", "shape": list(a.shape), "dtype": str(a.dtype),
+             "pte_dtype": t.dtype, "dim_order": t.dim_order, "nbytes": int(a.nbytes),
+             "quant": q.to_dict() if q else None}
+            for i, (a, t, q) in enumerate(zip(arrays, tensors, quant, strict=True))]
+
+
+def _in_steps(diffs: list[float], quant: list[QuantParams | None]) -> list[float | None]:
+    return [d / q.scale if q else None for d, q in zip(diffs, quant, strict=True)]
+
+
+def _checks(flow: str, model: str, op_list: list[str], info: PteInfo) -> list[str]:
+    """Verify the op list fits the flow; return warnings for the report."""
+    warn: list[str] = []
+    if flow == "portable_fp32":
+        bad = [o for o in op_list if o.startswith("cortex_m::")]
+        if bad:
+            raise ExportError(f"portable_fp32 export of '{model}' contains Cortex-M ops: {bad}.",
+                              "Report this: the fp32 flow must use portable kernels only.")
+        if info.kernel_calls.get("aten::permute_copy.out"):
+            warn.append("aten::permute_copy.out remains after constant_prop_pass: some "
+                        "transposes run at inference time.")
+    else:
+        rest = [o for o in op_list if not o.startswith("cortex_m::")]
+        if rest:
+            warn.append("Not all operators were lowered to cortex_m; these run as portable "
+                        f"kernels (the firmware must include them): {', '.join(rest)}.")
+        if not any(o.startswith("cortex_m::quantized_") for o in op_list):
+            warn.append("No cortex_m::quantized_* operator: nothing runs in int8 CMSIS-NN "
+                        "kernels. Check that the model uses supported layers.")
+    return warn
+
+
+def _tolerance(spec: ModelSpec, flow: str,
+               output_quant: list[QuantParams | None]) -> tuple[dict[str, float], str]:
+    tol = spec.tolerance_for(flow)
+    if tol:
+        return {"atol": tol.get("atol", 0.0), "rtol": tol.get("rtol", 0.0)}, "model"
+    if flow == "portable_fp32":
+        return dict(DEFAULT_FP32_TOLERANCE), "default"
+    scales = [q.scale for q in output_quant if q is not None]
+    atol = DEFAULT_INT8_STEPS * max(scales) if scales else 1e-2
+    return {"atol": atol, "rtol": 0.0}, "default"

@@ -1,0 +1,95 @@
+"""The board self-test: board support + protocol on the real simulator, without ExecuTorch.
+
+firmware/selftest/selftest.c computes an int32 matrix product and a float32 vector function
+from a documented LCG stream; the host recomputes both with numpy and requires bit equality.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .boards import Board
+from .errors import ExitCode
+from .firmware_build import Firmware, build_image
+from .render import render_board_files
+from .runners import runner_for_board
+
+LCG_SEED = 0x2545F491
+
+
+def expected_outputs() -> list[np.ndarray]:
+    """The selftest's outputs, recomputed exactly as documented in selftest.c."""
+    state = LCG_SEED
+
+    def lcg() -> int:
+        nonlocal state
+        state = (1664525 * state + 1013904223) & 0xFFFFFFFF
+        return state
+
+    a = np.array([(lcg() >> 24) - 128 for _ in range(24 * 32)], np.int32).reshape(24, 32)
+    b = np.array([(lcg() >> 24) - 128 for _ in range(32 * 20)], np.int32).reshape(32, 20)
+    x = np.array([((lcg() >> 8) & 0xFFFF) - 32768 for _ in range(64)],
+                 np.float32) / np.float32(4096)
+    c = a @ b
+    y = np.sqrt(x * x + np.float32(1)) * np.float32(0.5) - x / np.float32(3)
+    return [c, y.astype(np.float32)]
+
+
+@dataclass
+class SelftestReport:
+    board: str
+    firmware: Firmware
+    passed: bool
+    exit_code: ExitCode
+    problems: list[str] = field(default_factory=list)
+    ticks: int | None = None
+    instructions_estimate: float | None = None
+    stack_used: int | None = None
+    wall_seconds: float = 0.0
+
+    def summary(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        lines = [f"selftest on {self.board}: {verdict}",
+                 f"  elf {self.firmware.elf} ({self.firmware.sizes.flash_total:,} B flash)"]
+        if self.ticks is not None:
+            lines.append(f"  ticks {self.ticks:,}"
+                         + (f", ~{self.instructions_estimate:,.0f} instructions (icount)"
+                            if self.instructions_estimate else ""))
+        if self.stack_used is not None:
+            lines.append(f"  stack high-water {self.stack_used:,} B")
+        lines += [f"  problem: {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def run_selftest(board: Board, out: Path, timeout: float,
+                 progress: Callable[[str], None]) -> SelftestReport:
+    generated = out / "generated"
+    render_board_files(board, generated)
+    progress(f"building the selftest firmware for {board.name}")
+    fw = build_image(board, generated, out / "firmware", "selftest", progress=progress)
+    runner = runner_for_board(board)
+    progress(f"running {fw.elf.name} on {runner.kind}")
+    result = runner.run(fw.elf, out, timeout_s=timeout, check=True)
+    problems = []
+    records = result.records
+    hello = records.hello.fields if records.hello else {}
+    if hello.get("board") != board.name:
+        problems.append(f"hello names board {hello.get('board')!r}, expected {board.name!r}")
+    for i, want in enumerate(expected_outputs()):
+        got = records.tensors.get(i)
+        if got is None:
+            problems.append(f"tensor {i} missing")
+        elif got.data.shape != want.shape or got.data.dtype != want.dtype \
+                or got.data.tobytes() != want.tobytes():
+            problems.append(f"tensor {i} differs from the host's recomputation")
+    stack = records.memory.entries.get("stack") if records.memory else None
+    return SelftestReport(
+        board=board.name, firmware=fw, passed=not problems,
+        exit_code=ExitCode.MISMATCH if problems else ExitCode.OK, problems=problems,
+        ticks=records.timing.ticks if records.timing else None,
+        instructions_estimate=result.instructions_estimate,
+        stack_used=stack[0] if stack else None, wall_seconds=result.wall_seconds)
