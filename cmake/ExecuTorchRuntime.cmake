@@ -226,6 +226,14 @@ message(STATUS "ExecuTorch runtime: ${DK_ET_RUNTIME_DIR} (${_dk_rt_state})")
 message(STATUS "ExecuTorch kernels: ${_dk_np} portable, ${_dk_nc} cortex_m; "
                "MAX_KERNEL_NUM=${DK_SEL_MAX_KERNEL_NUM} (${DK_SEL_KERNELS} + ${DK_SEL_PRIM_OPS} prim ops)")
 
+# CMake defines the WHOLE_ARCHIVE link feature per platform, not for CMAKE_SYSTEM_NAME Generic.
+if(NOT CMAKE_LINK_LIBRARY_USING_WHOLE_ARCHIVE_SUPPORTED
+   AND NOT CMAKE_CXX_LINK_LIBRARY_USING_WHOLE_ARCHIVE_SUPPORTED)
+  set(CMAKE_LINK_LIBRARY_USING_WHOLE_ARCHIVE
+      "LINKER:--whole-archive" "<LINK_ITEM>" "LINKER:--no-whole-archive")
+  set(CMAKE_LINK_LIBRARY_USING_WHOLE_ARCHIVE_SUPPORTED TRUE)
+endif()
+
 # ---- model-specific: registration (ExecuTorch codegen) and the kernel registry ----
 function(dk_executorch_link target)
   set(EXECUTORCH_ROOT ${EXECUTORCH_SOURCE_DIR})

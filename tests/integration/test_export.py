@@ -84,6 +84,7 @@ def test_files_and_report(exports, case):
     assert report["warnings"] == []
 
     assert parse_ops_yaml(r.ops_yaml_path) == r.op_list
+    assert "dk-oplist" not in r.ops_yaml_path.read_text()  # no temp path: reproducible
 
     with np.load(r.reference_path) as npz:
         assert sorted(npz.files) == ["input_0", "output_0"]

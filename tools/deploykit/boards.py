@@ -177,7 +177,7 @@ def _check_memory(memory: tuple[MemoryRegion, ...], placement: dict[str, str],
         raise ConfigError(f"Board file {path}: duplicate memory region names {names}.",
                           "Give each region a unique name.")
     ordered = sorted(memory, key=lambda r: r.origin)
-    for a, b in zip(ordered, ordered[1:]):
+    for a, b in zip(ordered, ordered[1:], strict=False):
         if a.end > b.origin:
             raise ConfigError(
                 f"Board file {path}: regions '{a.name}' and '{b.name}' overlap "

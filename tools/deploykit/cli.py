@@ -7,7 +7,6 @@ the code of their failure class (deploykit.errors.ExitCode); `--debug` shows tra
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 from . import api
 from .errors import DeployKitError, ExitCode
+from .jsonable import to_jsonable
 
 _EPILOG = """\
 typical use:
@@ -23,22 +23,6 @@ typical use:
   deploykit run --board qemu-an547 --model tiny_cnn export, build, run on QEMU, compare with host
   deploykit selftest --board qemu-an505             board support + protocol check, no ExecuTorch
 """
-
-
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, bytes):
-        return value.hex()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return value
 
 
 class _Output:
@@ -51,7 +35,7 @@ class _Output:
 
     def result(self, payload: Any, text: str) -> None:
         if self.as_json:
-            print(json.dumps(_jsonable(payload), indent=2))
+            print(json.dumps(to_jsonable(payload), indent=2))
         else:
             print(text)
 

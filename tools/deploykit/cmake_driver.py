@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BuildError
 from .doctor import require_tools
+from .errors import BuildError
 
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
 

@@ -403,7 +403,9 @@ def _flow_cortex_m_int8(spec: ModelSpec, st: _Stages, cpu: str) -> dict[str, Any
 
     def nhwc(t: torch.Tensor) -> torch.Tensor:
         t = t.clone()
-        return t.to(memory_format=torch.channels_last) if t.dim() == 4 else t
+        if t.dim() == 4 and t.is_floating_point():
+            return t.to(memory_format=torch.channels_last)
+        return t
 
     inputs = tuple(nhwc(t) for t in spec.example_inputs)
     calibration = [tuple(nhwc(t) for t in sample) for sample in spec.calibration_inputs]
@@ -452,7 +454,6 @@ def _dialect_check(lowered: Any, inputs: tuple[Any, ...], reference: list[Any],
     """Run the lowered cortex_m graph through the ops' Python reference code (integer
     arithmetic modelled on CMSIS-NN) and compare with the PT2E reference. Best effort: some
     ops' Python code rejects some shapes, so a failure here is recorded, not raised."""
-    import numpy as np
     import torch
 
     try:
@@ -467,7 +468,7 @@ def _dialect_check(lowered: Any, inputs: tuple[Any, ...], reference: list[Any],
     steps = _in_steps(diffs, output_quant)
     return {"ran": True, "max_abs_diff_vs_reference": max(diffs) if diffs else 0.0,
             "max_diff_output_steps": max((s for s in steps if s is not None), default=None),
-            "bit_exact": bool(all(np.isclose(d, 0.0, atol=0.0) for d in diffs))}
+            "bit_exact": all(d == 0.0 for d in diffs)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -481,7 +482,10 @@ def _gen_oplist(pte: bytes, work: Path) -> bytes:
     pte_path.write_bytes(pte)
     with contextlib.redirect_stdout(io.StringIO()):  # it prints every operator
         gen_oplist(output_path=str(yaml_path), model_file_path=str(pte_path))
-    return yaml_path.read_bytes()
+    # debug_info names the model file: make it the final name, not the temp path, so the
+    # yaml is reproducible (builds key on its content).
+    text = yaml_path.read_text()
+    return text.replace(str(pte_path), PTE_NAME).encode()
 
 
 def _remove_outputs(out_dir: Path, names: tuple[str, ...]) -> None:

@@ -747,32 +747,31 @@ class RunRecords:
                      f"{s.dropped_records} dropped")
         return "; ".join(parts)
 
-    def outcome(self, *, timed_out: bool = False) -> Outcome:
+    def outcome(self, *, timed_out: bool = False, how: str | None = None) -> Outcome:
         """Classify the run from the records alone (runners add exit-code checks on top).
 
-        Order: nothing valid -> NO_BOOT (PROTOCOL if frames were seen but all corrupted);
+        Order: nothing valid -> NO_BOOT (PROTOCOL if frames were seen but none was valid);
         fault -> FAULT; error record or done.status != 0 -> DEVICE_ERROR; no done ->
-        TIMEOUT (host gave up) or PROTOCOL (stream ended); any decode problem -> PROTOCOL.
+        TIMEOUT (the host gave up) or PROTOCOL (the stream ended); any decode problem ->
+        PROTOCOL. `how` says how the run ended, e.g. "QEMU exited with code 1".
         """
         s = self.stats
-        ended = "the host timed out" if timed_out else "the output ended"
+        how = how or ("the host timed out" if timed_out else "the output ended")
         if not self.records:
             if s.frames_accepted or s.corrupted_frames:
-                why = (f"{s.corrupted_frames} corrupted frame(s)"
-                       if s.corrupted_frames else "; ".join(s.problems()))
-                return Outcome(ExitCode.PROTOCOL,
-                               f"No valid record decoded ({why}); {ended}.",
-                               "Line noise or a wrong baud rate / protocol version.")
+                why = (f"{s.corrupted_frames} corrupted frame(s)" if s.corrupted_frames
+                       else "; ".join(s.problems()))
+                return Outcome(ExitCode.PROTOCOL, f"No valid record decoded ({why}; {how}).",
+                               "Line noise, a wrong baud rate or a protocol version mismatch.")
             tail = s.noise_tail[-200:].decode("utf-8", errors="replace").strip()
             console = (f" The console printed {s.noise_bytes} byte(s), ending: {tail!r}."
                        if s.noise_bytes else " The console printed nothing.")
-            return Outcome(ExitCode.NO_BOOT,
-                           f"The device sent no record before {ended}.{console}",
+            return Outcome(ExitCode.NO_BOOT, f"No record from the device ({how}).{console}",
                            "Check that the firmware boots and that its console is the "
-                           "board's UART (see the console log).")
+                           "board's UART.")
         if self.fault is not None:
             return Outcome(ExitCode.FAULT, f"The device faulted: {self.fault.describe()}.",
-                           "Look up pc in the ELF (arm-none-eabi-addr2line -e <elf> <pc>).")
+                           "Look up pc in the ELF: arm-none-eabi-addr2line -e <elf> <pc>.")
         if self.errors or (self.done is not None and self.done.status != 0):
             msgs = "; ".join(f"code {e.code}: {e.message}" for e in self.errors[:3])
             status = f"done status {self.done.status}" if self.done else "no done"
@@ -781,25 +780,25 @@ class RunRecords:
             elif self.done is not None and self.done.status == DoneStatus.FAULT:
                 hint = "done reports a fault but no fault record arrived."
             else:
-                hint = "See the device error records and the console log."
+                hint = "See the device's error records."
             return Outcome(ExitCode.DEVICE_ERROR,
                            f"The device reported an error ({status}"
                            + (f"; {msgs}" if msgs else "") + ").", hint)
         if self.done is None:
             if timed_out:
                 return Outcome(ExitCode.TIMEOUT,
-                               f"No done record before the host timeout. Received: "
-                               f"{self.summary()}.",
-                               "The firmware hangs or needs a longer timeout.")
+                               f"Timed out without a done record ({how}). "
+                               f"Received so far: {self.summary()}.",
+                               "The firmware hangs, or needs a longer timeout.")
             return Outcome(ExitCode.PROTOCOL,
-                           f"The output ended without a done record. Received: "
-                           f"{self.summary()}.",
+                           f"The output ended without a done record ({how}). "
+                           f"Received: {self.summary()}.",
                            "The firmware stopped or reset before finishing.")
         problems = s.problems()
         if problems:
             return Outcome(ExitCode.PROTOCOL,
                            "The result stream is not trustworthy: " + "; ".join(problems) + ".",
-                           "Check the console log; " + "; ".join(s.notes[:3]))
+                           "Details: " + "; ".join(s.notes[:3]) + "." if s.notes else "")
         return Outcome(ExitCode.OK, "done, status 0")
 
 

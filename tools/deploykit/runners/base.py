@@ -62,16 +62,19 @@ class RunResult:
     def outcome(self) -> Outcome:
         """The records' classification, plus what only the runner knows (exit code, kill)."""
         rec = self.records
-        base = rec.outcome(timed_out=self.timed_out)
         who = self.runner or "the target"
-        extra = ""
         if self.timed_out:
-            extra = (f" The host-side timeout of {self.timeout_s:g} s expired; {who} was killed."
-                     if self.timeout_s is not None else f" The host timed out; {who} was killed.")
-        elif self.exit_code is not None and rec.done is None:
-            extra = f" {who} exited with code {self.exit_code}."
+            limit = f"the {self.timeout_s:g} s" if self.timeout_s is not None else "the"
+            how = f"{who} was killed after {limit} host-side limit"
+        elif self.exit_code is not None:
+            how = f"{who} exited with code {self.exit_code}"
+        else:
+            how = None
+        base = rec.outcome(timed_out=self.timed_out, how=how)
+        if base.exit_code in (ExitCode.FAULT, ExitCode.DEVICE_ERROR) and self.timed_out:
+            base = Outcome(base.exit_code, f"{base.cause} Then {how}.", base.hint)
         if base.exit_code in (ExitCode.NO_BOOT, ExitCode.FAULT):
-            return Outcome(base.exit_code, base.cause + extra, base.hint)
+            return base
         if self.supports_exit_code and rec.done is not None:
             status = rec.done.status
             if self.exit_code is None:
@@ -85,14 +88,14 @@ class RunResult:
                     ExitCode.PROTOCOL,
                     f"{who} exit code {self.exit_code} disagrees with done.status {status}.",
                     "The firmware must exit with the status it reports in done.")
-        return Outcome(base.exit_code, base.cause + extra, base.hint)
+        return base
 
     def check(self) -> RunResult:
         """Return self when the run succeeded; raise RunError (exit code per class) otherwise."""
         o = self.outcome()
         if o.ok:
             return self
-        hint = "; ".join(x for x in (o.hint, f"See the {self._where()}.") if x)
+        hint = " ".join(x for x in (o.hint, f"See the {self._where()}.") if x)
         raise RunError(o.cause, hint, exit_code=o.exit_code, log_path=str(self.console_log))
 
 

@@ -251,15 +251,17 @@ class QemuRunner(Runner):
             elif exited_at is None and proc.poll() is not None:
                 exited_at = now
 
-    @staticmethod
-    def _raise_start_failure(code: int | None, log_text: str, log_path: Path) -> None:
-        msg = log_text.splitlines()[-1] if log_text else "(no output)"
+    def _raise_start_failure(self, code: int | None, log_text: str, log_path: Path) -> None:
+        lines = [ln for ln in log_text.splitlines()
+                 if ln.strip() and not ln.startswith("$ ") and "waiting for connection" not in ln]
+        msg = " / ".join(lines[-3:]) or "(no output)"
         if "could not load kernel" in log_text.lower():
             raise BuildError(f"QEMU could not load the ELF: {msg}",
                              "Check that the ELF was linked for this board.",
                              log_path=str(log_path))
+        target = f"-machine {self.machine}" + (f" -cpu {self.cpu}" if self.cpu else "")
         raise EnvironmentProblem(
-            f"QEMU exited with code {code} before the firmware started: {msg}",
+            f"QEMU ({target}) exited with code {code} before the firmware started: {msg}",
             "Check the board's runner.machine / runner.cpu against "
             "`qemu-system-arm -machine help` and `-cpu help`.", log_path=str(log_path))
 

@@ -1,0 +1,209 @@
+"""The chains behind `deploykit export/plan/build/run`: stage after stage, typed in and out.
+
+Output layout under `out` (default build/<board>/<model>):
+    export/     model.pte, ops.yaml, reference.npz, export.json   (export stage)
+    plan.json                                                    (plan stage)
+    generated/  board and model files (docs/generated-files.md)  (render stage)
+    firmware/   CMake build of firmware/ with DK_FIRMWARE=runner (build stage)
+    run/        console.bin, qemu.log, result.json               (run + validate)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .boards import Board, repo_root
+from .errors import ExitCode
+from .export import ExportResult, memory_order_bytes
+from .export import export as export_model
+from .firmware_build import Firmware, build_image
+from .fsutil import write_atomic
+from .inspect_pte import ProgramInfo, inspect_pte
+from .jsonable import to_jsonable
+from .models import load_model
+from .plan import MemoryPlan, plan_memory
+from .render import ModelSources, render_board_files, render_model_files
+from .runners import runner_for_board
+from .sources import check_executorch_commit, load_workspace
+from .validate import Tolerance, Verdict, compare_outputs
+
+Progress = Callable[[str], None]
+
+
+def export_stage(board: Board, model: str, flow: str, out: Path,
+                 progress: Progress) -> ExportResult:
+    spec = load_model(model, repo_root())
+    progress(f"exporting {spec.name} with the {flow} flow for {board.cpu['core']}")
+    return export_model(spec, flow, out / "export", cpu=board.cpu["core"])
+
+
+def describe_export(result: ExportResult) -> str:
+    lines = [f"{result.pte_path}: {result.pte_size:,} B, {result.flow}, "
+             f"exported in {result.export_seconds:.1f} s",
+             f"  operators: {', '.join(result.op_list)}",
+             f"  reference: {result.reference_kind}; eager max abs diff "
+             f"{result.eager_max_abs_diff:.3g}"]
+    lines += [f"  warning: {w}" for w in result.warnings]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class PlannedModel:
+    export: ExportResult
+    program: ProgramInfo
+    plan: MemoryPlan
+
+
+def plan_stage(board: Board, model: str, flow: str, out: Path,
+               progress: Progress) -> MemoryPlan:
+    return _export_and_plan(board, model, flow, out, progress).plan
+
+
+def _export_and_plan(board: Board, model: str, flow: str, out: Path,
+                     progress: Progress) -> PlannedModel:
+    exported = export_stage(board, model, flow, out, progress)
+    program = inspect_pte(exported.pte_path)
+    plan = plan_memory(board, program)
+    write_atomic(out / "plan.json", json.dumps(_plan_json(plan), indent=2) + "\n")
+    return PlannedModel(exported, program, plan)
+
+
+def _plan_json(plan: MemoryPlan) -> dict:
+    return {"board": plan.board, "fits": plan.fits, "method_pool": plan.method_pool,
+            "temp_pool": plan.temp_pool, "planned_buffers": list(plan.planned_buffers),
+            "items": [vars(i) for i in plan.items],
+            "regions": [{**vars(r), "headroom": r.headroom} for r in plan.regions]}
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    planned: PlannedModel
+    firmware: Firmware
+
+    def summary(self) -> str:
+        p = self.planned
+        return (f"{describe_export(p.export)}\nmemory plan:\n{p.plan.table()}\n"
+                f"{self.firmware.summary()}")
+
+
+def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path | None,
+                   progress: Progress) -> BuiltModel:
+    ws = load_workspace(workspace)  # before the slow export: fail fast without sources
+    et_commit = check_executorch_commit(ws)
+    planned = _export_and_plan(board, model, flow, out, progress)
+    exported = planned.export
+    generated = out / "generated"
+    render_board_files(board, generated)
+    inputs = [np.frombuffer(memory_order_bytes(a, order), dtype=a.dtype).reshape(a.shape)
+              for a, order in zip(exported.inputs, exported.input_dim_orders, strict=True)]
+    render_model_files(ModelSources(
+        pte=exported.pte_path.read_bytes(), inputs=inputs,
+        expected_outputs=exported.host_outputs, plan=planned.plan, et_commit=et_commit,
+        build_info=f"flow={flow} cpu={board.cpu['core']}"), generated)
+    progress("building the firmware (the ExecuTorch runtime is cached per board and options)")
+    firmware = build_image(board, generated, out / "firmware", "runner", {
+        "EXECUTORCH_SOURCE_DIR": str(ws.executorch_dir),
+        "DK_CMSIS_NN_DIR": str(ws.path_of("cmsis-nn")),
+        "DK_OPS_YAML": str(exported.ops_yaml_path.resolve()),
+        "DK_RUNTIME_CACHE_DIR": str((out.parent / "_runtime").resolve()),
+    }, progress=progress)
+    return BuiltModel(planned, firmware)
+
+
+@dataclass
+class RunReport:
+    board: str
+    model: str
+    flow: str
+    passed: bool
+    exit_code: ExitCode
+    verdict: Verdict | None
+    reference_kind: str
+    ticks: int | None = None
+    tick_hz: int | None = None
+    instructions_estimate: float | None = None
+    memory: dict[str, tuple[int, int]] = field(default_factory=dict)
+    elf: Path | None = None
+    flash_bytes: int = 0
+    cause: str = ""
+    log: Path | None = None
+    device_outputs: list[list[float]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [f"{self.model} ({self.flow}) on {self.board}: "
+                 f"{'PASS' if self.passed else 'FAIL'}" + (f": {self.cause}" if self.cause
+                                                            else "")]
+        if self.verdict:
+            for o in self.verdict.outputs:
+                lines.append(
+                    f"  output {o.index} {list(o.shape)}: max abs err {o.max_abs_error:.3g}, "
+                    f"mean {o.mean_abs_error:.3g}, cosine {o.cosine_similarity:.6f}"
+                    + (f", top-1 {'agrees' if o.top1_agrees else 'DIFFERS'}"
+                       if o.top1_agrees is not None else "")
+                    + f" (atol {o.tolerance.atol:.3g}) {'ok' if o.passed else 'MISMATCH'}"
+                    + (f": {o.problem}" if o.problem else ""))
+            lines.append(f"  reference: {self.reference_kind}")
+        for i, values in enumerate(self.device_outputs):
+            shown = ", ".join(f"{v:.5g}" for v in values[:10])
+            lines.append(f"  device output {i}: [{shown}{', ...' if len(values) > 10 else ''}]")
+        if self.ticks is not None:
+            lines.append(f"  execute: {self.ticks:,} ticks at {self.tick_hz:,} Hz"
+                         + (f" = ~{self.instructions_estimate:,.0f} instructions (QEMU icount)"
+                            if self.instructions_estimate else ""))
+        for name, (used, cap) in sorted(self.memory.items()):
+            lines.append(f"  {name:<14} peak {used:>9,} B of {cap:>9,} B")
+        if self.elf:
+            lines.append(f"  firmware {self.elf} ({self.flash_bytes:,} B flash)")
+        return "\n".join(lines)
+
+
+def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path | None,
+                 timeout: float, progress: Progress) -> RunReport:
+    built = build_firmware(board, model, flow, out, workspace, progress)
+    exported = built.planned.export
+    runner = runner_for_board(board)
+    progress(f"running on {runner.kind} ({board.runner.get('machine', board.name)})")
+    result = runner.run(built.firmware.elf, out, timeout_s=timeout, check=False)
+    outcome = result.outcome()
+    records = result.records
+    device = []
+    for i, order in enumerate(exported.output_dim_orders):
+        t = records.tensors.get(i)
+        device.append(None if t is None else _logical(t.data, order))
+    verdict = compare_outputs(device, exported.host_outputs, Tolerance(**exported.tolerance))
+    if not outcome.ok:
+        exit_code, cause = outcome.exit_code, outcome.cause
+    elif not verdict.passed:
+        exit_code, cause = ExitCode.MISMATCH, "device outputs differ from the host's"
+    else:
+        exit_code, cause = ExitCode.OK, ""
+    timing = records.timing
+    report = RunReport(
+        board=board.name, model=exported.model_name, flow=flow, passed=exit_code == ExitCode.OK,
+        exit_code=exit_code, verdict=verdict, reference_kind=exported.reference_kind,
+        ticks=timing.ticks if timing else None, tick_hz=timing.tick_hz if timing else None,
+        instructions_estimate=result.instructions_estimate,
+        memory=dict(records.memory.entries) if records.memory else {},
+        elf=built.firmware.elf, flash_bytes=built.firmware.sizes.flash_total, cause=cause,
+        log=result.console_log,
+        device_outputs=[d.ravel().tolist() if d is not None else [] for d in device])
+    write_atomic(out / "run" / "result.json", json.dumps(_report_json(report), indent=2) + "\n")
+    return report
+
+
+def _logical(data: np.ndarray, dim_order: list[int]) -> np.ndarray:
+    """Device bytes are in the tensor's memory order; bring them back to logical order."""
+    if list(dim_order) == sorted(dim_order):
+        return data
+    physical_shape = [data.shape[d] for d in dim_order]
+    return data.reshape(physical_shape).transpose(np.argsort(dim_order))
+
+
+def _report_json(report: RunReport) -> dict:
+    return to_jsonable(report)
+
