@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 from deploykit.errors import ConfigError, EnvironmentProblem, ExitCode, RunError
-from deploykit.protocol import FAULT_REGISTERS, StreamEncoder
+from deploykit.protocol import FAULT_REGISTERS, StreamEncoder, decode
 from deploykit.runners import QemuRunner, RunResult, icount_instructions, runner_for_board
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,6 +220,35 @@ def test_missing_qemu_names_the_package(tmp_path):
         r.run(elf, tmp_path)
     assert "apt-get install qemu-system-arm" in str(err.value)
     assert err.value.exit_code == ExitCode.ENVIRONMENT
+
+
+def _result(stream: bytes, **kw) -> RunResult:
+    kw.setdefault("exit_code", None)
+    return RunResult(records=decode(stream), wall_seconds=1.0, console_log=Path("c.bin"),
+                     runner_log=Path("q.log"), runner="QEMU", supports_exit_code=True,
+                     timeout_s=5.0, **kw)
+
+
+def test_run_result_classification_without_qemu():
+    e = StreamEncoder()
+    ok = e.hello(**HELLO) + e.done(0)
+    assert _result(ok, exit_code=0).outcome().ok
+    assert _result(ok, exit_code=0).check().exit_code == 0
+    o = _result(ok, exit_code=3).outcome()
+    assert o.exit_code == ExitCode.PROTOCOL and "disagrees" in o.cause
+    o = _result(ok, killed=True).outcome()
+    assert o.exit_code == ExitCode.PROTOCOL and "did not exit" in o.cause
+    e = StreamEncoder()
+    faulted = e.hello(**HELLO) + e.fault([0] * 13)
+    o = _result(faulted, timed_out=True, killed=True).outcome()
+    assert o.exit_code == ExitCode.FAULT and "killed after the 5 s host-side limit" in o.cause
+    e = StreamEncoder()
+    o = _result(e.hello(**HELLO), exit_code=0).outcome()
+    assert o.exit_code == ExitCode.PROTOCOL and "QEMU exited with code 0" in o.cause
+    with pytest.raises(RunError) as err:
+        _result(b"", timed_out=True, killed=True).check()
+    assert err.value.exit_code == ExitCode.NO_BOOT and err.value.log_path == "c.bin"
+    assert "q.log" in str(err.value)
 
 
 @pytest.mark.qemu

@@ -4,10 +4,10 @@ import subprocess
 
 import numpy as np
 import pytest
-
 from deploykit.boards import load_board
 from deploykit.plan import MemoryPlan
 from deploykit.render import ModelSources, render_board_files, render_model_files
+
 from tests.markers import requires_toolchain
 
 
@@ -23,7 +23,7 @@ def _model_sources(pte: bytes = b"\x01\x02ET12" * 10) -> ModelSources:
 def test_model_files_are_deterministic(tmp_path):
     first = render_model_files(_model_sources(), tmp_path / "a")
     second = render_model_files(_model_sources(), tmp_path / "b")
-    for a, b in zip(first.files, second.files):
+    for a, b in zip(first.files, second.files, strict=True):
         assert a.read_bytes() == b.read_bytes()
     assert first.input_hash == second.input_hash
     text = (tmp_path / "a/model_config.h").read_text()
