@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-try:
-    import deploykit  # noqa: F401
-except ImportError:  # not pip-installed: use the source tree
-    sys.path.insert(0, str(REPO / "tools"))
-
-from deploykit.errors import ConfigError, ExitCode, ExportError  # noqa: E402
-from deploykit.export import (  # noqa: E402
+from deploykit.errors import ConfigError, ExitCode, ExportError
+from deploykit.export import (
     ERROR_LOG_NAME,
     ExportResult,
     export,
@@ -24,7 +16,9 @@ from deploykit.export import (  # noqa: E402
     parse_ops_yaml,
     read_pte_info,
 )
-from deploykit.models import load_model  # noqa: E402
+from deploykit.models import load_model
+
+REPO = Path(__file__).resolve().parents[2]
 
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")

@@ -8,15 +8,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from deploykit.errors import ConfigError, ExitCode
+from deploykit.models import list_models, load_model, resolve_model_path
 
 REPO = Path(__file__).resolve().parents[2]
-try:
-    import deploykit  # noqa: F401
-except ImportError:  # not pip-installed: use the source tree
-    sys.path.insert(0, str(REPO / "tools"))
-
-from deploykit.errors import ConfigError, ExitCode  # noqa: E402
-from deploykit.models import list_models, load_model, resolve_model_path  # noqa: E402
 
 torch = pytest.importorskip("torch")
 

@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 # DK_FUZZ_EXAMPLES=5000 for a deep run; the default keeps the file under a few seconds.
-FUZZ = settings(max_examples=int(os.environ.get("DK_FUZZ_EXAMPLES", "150")), deadline=None,
+FUZZ = settings(max_examples=int(os.environ.get("DK_FUZZ_EXAMPLES", "100")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 HELLO = {"protocol": "1", "board": "qemu-an547", "firmware": "selftest",
@@ -596,3 +596,25 @@ def test_truncation_is_reported_precisely(stream, cut_seed):
     complete = sum(1 for _, b in spans if b <= cut)
     assert s.frames_accepted == complete and s.corrupted_frames == 0
     assert is_subsequence(dec.records, expected)
+
+
+_tensor_like = st.builds(
+    lambda idx, dt, dims, tail, data: struct.pack("<HBB", idx, dt, len(dims))
+    + struct.pack(f"<{len(dims)}I", *dims) + tail + data,
+    st.integers(0, 3), st.sampled_from([0, 1, 5, 6, 11, 200]),
+    st.lists(st.integers(0, 5), max_size=3), st.binary(min_size=0, max_size=16),
+    st.binary(max_size=40))
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 12), st.one_of(st.binary(max_size=120), _tensor_like)),
+                max_size=12))
+def test_crc_valid_frames_with_arbitrary_payloads_never_crash(frames):
+    data = b"".join(encode_record(t, i, p) for i, (t, p) in enumerate(frames))
+    dec = run(data)
+    s = dec.stats
+    assert s.frames_accepted == len(frames) and s.corrupted_frames == 0
+    assert s.dropped_records == 0 and s.noise_bytes == 0
+    assert all(isinstance(r, (Hello, Tensor, Timing, Memory, DeviceError, Fault, Done, Log))
+               for r in dec.records)
+    RunRecords.build(dec.records, s).outcome()

@@ -113,8 +113,9 @@ class Runner(abc.ABC):
                 "supports_icount": cls.supports_icount,
                 "is_simulator": cls.is_simulator}
 
-    def check_environment(self) -> None:  # noqa: B027 - optional hook, default: nothing needed
-        """Raise EnvironmentProblem when a tool the runner needs is missing."""
+    def check_environment(self) -> str | None:
+        """Raise EnvironmentProblem when a tool the runner needs is missing; else its path."""
+        return None
 
     @abc.abstractmethod
     def run(self, elf: Path, out_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
