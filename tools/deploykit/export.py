@@ -56,7 +56,7 @@ OPS_YAML_NAME = "ops.yaml"
 REPORT_NAME = "export.json"
 REFERENCE_NAME = "reference.npz"
 ERROR_LOG_NAME = "export-error.log"
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2
 
 REFERENCE_KINDS = {
     "portable_fp32": "executorch-pybindings",
@@ -559,7 +559,8 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55") -
 
         npz = io.BytesIO()
         np.savez(npz, **{f"input_{i}": a for i, a in enumerate(inputs_np)},
-                 **{f"output_{i}": a for i, a in enumerate(reference_np)})
+                 **{f"output_{i}": a for i, a in enumerate(reference_np)},
+                 **{f"eager_output_{i}": a for i, a in enumerate(eager_np)})
 
         report = {
             "schema_version": REPORT_SCHEMA_VERSION,
@@ -627,6 +628,46 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55") -
         planned_buffer_sizes=info.planned_buffer_sizes, kernel_calls=info.kernel_calls,
         timings=dict(st.timings), warnings=warn,
     )
+
+
+def load_export(out_dir: Path) -> ExportResult | None:
+    """The ExportResult of a finished export in `out_dir` (export.json is written last), or None."""
+    import numpy as np
+
+    out_dir = Path(out_dir)
+    report_path = out_dir / REPORT_NAME
+    if not report_path.exists():
+        return None
+    report = json.loads(report_path.read_text())
+    if report.get("schema_version") != REPORT_SCHEMA_VERSION:
+        return None
+    with np.load(out_dir / REFERENCE_NAME) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+
+    def series(prefix: str, n: int) -> list[np.ndarray]:
+        return [arrays[f"{prefix}_{i}"] for i in range(n)]
+
+    def quant(entries: list[dict[str, Any]]) -> list[QuantParams | None]:
+        return [QuantParams(**e["quant"]) if e["quant"] else None for e in entries]
+
+    n_in, n_out = len(report["inputs"]), len(report["outputs"])
+    return ExportResult(
+        flow=report["flow"], cpu=report["cpu"], model_name=report["model"],
+        pte_path=out_dir / PTE_NAME, report_path=report_path,
+        reference_path=out_dir / REFERENCE_NAME, ops_yaml_path=out_dir / OPS_YAML_NAME,
+        op_list=report["op_list"], inputs=series("input", n_in),
+        input_dim_orders=[e["dim_order"] for e in report["inputs"]],
+        host_outputs=series("output", n_out),
+        output_dim_orders=[e["dim_order"] for e in report["outputs"]],
+        reference_kind=report["reference"]["kind"],
+        eager_outputs=series("eager_output", n_out),
+        eager_max_abs_diff=report["reference"]["eager_max_abs_diff"],
+        input_quant=quant(report["inputs"]), output_quant=quant(report["outputs"]),
+        tolerance=report["tolerance"], tolerance_source=report["tolerance_source"],
+        export_seconds=report["export_seconds"], pte_size=report["pte"]["size"],
+        pte_sha256=report["pte"]["sha256"], planned_buffer_sizes=report["planned_buffer_sizes"],
+        kernel_calls=report["kernel_calls"], timings=report["timings"],
+        warnings=report["warnings"])
 
 
 def _tensor_entries(prefix: str, arrays: list[np.ndarray], tensors: list[PteTensor],

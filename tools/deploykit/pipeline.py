@@ -10,22 +10,27 @@ Output layout under `out` (default build/<board>/<model>):
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
 from .boards import Board, repo_root
 from .errors import ExitCode
-from .export import ExportResult, memory_order_bytes
+from .export import ExportResult, load_export, memory_order_bytes
 from .export import export as export_model
 from .firmware_build import Firmware, build_image
 from .fsutil import write_atomic
 from .inspect_pte import ProgramInfo, inspect_pte
 from .jsonable import to_jsonable
-from .models import load_model
+from .models import load_model, resolve_model_path
 from .plan import MemoryPlan, plan_memory
 from .render import ModelSources, render_board_files, render_model_files
 from .runners import runner_for_board
@@ -35,11 +40,57 @@ from .validate import Tolerance, Verdict, compare_outputs
 Progress = Callable[[str], None]
 
 
+def _export_key(model_path: Path, flow: str, cpu: str) -> str:
+    """Everything an export depends on: the model file, flow, CPU, exporter and versions."""
+    h = hashlib.sha256()
+    for part in (model_path.read_bytes(), flow.encode(), cpu.encode(),
+                 *((Path(__file__).parent / m).read_bytes() for m in ("export.py", "models.py")),
+                 metadata.version("torch").encode(), metadata.version("executorch").encode()):
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _native_output_to(log: Path) -> Iterator[None]:
+    """Send what native libraries print on fd 1/2 (torch, torchao, cpuinfo) to a log file."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with log.open("wb") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
 def export_stage(board: Board, model: str, flow: str, out: Path,
                  progress: Progress) -> ExportResult:
-    spec = load_model(model, repo_root())
-    progress(f"exporting {spec.name} with the {flow} flow for {board.cpu['core']}")
-    return export_model(spec, flow, out / "export", cpu=board.cpu["core"])
+    """Export, or reuse a finished export whose inputs (export-key) are unchanged."""
+    _name, model_path = resolve_model_path(model, repo_root())
+    export_dir = out / "export"
+    key = _export_key(model_path, flow, board.cpu["core"])
+    key_file = export_dir / "export-key"
+    if key_file.exists() and key_file.read_text() == key:
+        cached = load_export(export_dir)
+        if cached is not None:
+            progress(f"export of {cached.model_name} is up to date ({export_dir})")
+            return cached
+    key_file.unlink(missing_ok=True)
+    progress(f"exporting {model} with the {flow} flow for {board.cpu['core']} "
+             f"(native library output: {export_dir / 'export-native.log'})")
+    with _native_output_to(export_dir / "export-native.log"):
+        spec = load_model(model, repo_root())
+        result = export_model(spec, flow, export_dir, cpu=board.cpu["core"])
+    write_atomic(key_file, key)
+    return result
 
 
 def describe_export(result: ExportResult) -> str:
