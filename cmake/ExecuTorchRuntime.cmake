@@ -68,7 +68,8 @@ endif()
 # ---- the model's kernels: which libraries, how many registry slots ----
 set(_dk_et_bin ${CMAKE_BINARY_DIR}/dk-executorch)
 set(_dk_sel_args --ops-yaml=${DK_OPS_YAML} --executorch-root=${EXECUTORCH_SOURCE_DIR}
-                 --output=${_dk_et_bin}/selected_kernels.cmake)
+                 --output=${_dk_et_bin}/selected_kernels.cmake
+                 --normalized-yaml=${_dk_et_bin}/selected_operators.yaml)
 if(DK_CMSIS_NN_DIR)
   list(APPEND _dk_sel_args --cortex-m)
 endif()
@@ -242,11 +243,14 @@ function(dk_executorch_link target)
   set(_links dk_et::executorch_core)
   if(DK_SEL_OPS)
     # generate_bindings_for_kernels() reads <bin>/<lib>/selected_operators.yaml, which
-    # gen_selected_ops() would write; the model's gen_oplist output is exactly that file.
+    # gen_selected_ops() would write; the model's gen_oplist output is that file. The copy
+    # made at configure time has no debug_info (the .pte path), so it only changes when the
+    # operator set does.
     set(_sel ${CMAKE_CURRENT_BINARY_DIR}/${_lib}/selected_operators.yaml)
     add_custom_command(OUTPUT ${_sel}
-      COMMAND ${CMAKE_COMMAND} -E copy ${DK_OPS_YAML} ${_sel}
-      DEPENDS ${DK_OPS_YAML} COMMENT "Operator list ${DK_OPS_YAML}" VERBATIM)
+      COMMAND ${CMAKE_COMMAND} -E copy ${_dk_et_bin}/selected_operators.yaml ${_sel}
+      DEPENDS ${_dk_et_bin}/selected_operators.yaml
+      COMMENT "Operator list ${DK_OPS_YAML}" VERBATIM)
     set(_yamls)
     if(DK_SEL_PORTABLE_OPS)
       list(APPEND _yamls FUNCTIONS_YAML ${EXECUTORCH_SOURCE_DIR}/kernels/portable/functions.yaml)

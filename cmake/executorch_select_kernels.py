@@ -69,6 +69,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--executorch-root", required=True, type=Path)
     ap.add_argument("--cortex-m", action="store_true", help="cortex_m kernels are available")
     ap.add_argument("--output", required=True, type=Path)
+    ap.add_argument("--normalized-yaml", type=Path,
+                    help="write the operator list without debug_info (the .pte path) here, "
+                         "so a weight-only change leaves the registration codegen's input as is")
     args = ap.parse_args(argv)
 
     et = args.executorch_root
@@ -124,11 +127,20 @@ def main(argv: list[str]) -> int:
         f"set(DK_SEL_PRIM_OPS {prim})",
         f"set(DK_SEL_MAX_KERNEL_NUM {kernels + prim})",
     ]
-    text = "\n".join(lines) + "\n"
-    if not args.output.exists() or args.output.read_text() != text:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text)
+    _write_if_changed(args.output, "\n".join(lines) + "\n")
+    if args.normalized_yaml:
+        for info in (selected.get("operators") or {}).values():
+            if isinstance(info, dict):
+                info.pop("debug_info", None)
+        _write_if_changed(args.normalized_yaml, yaml.safe_dump(selected, sort_keys=True))
     return 0
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Keep the mtime of an unchanged file, so nothing downstream rebuilds."""
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
 if __name__ == "__main__":

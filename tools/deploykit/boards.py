@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -61,6 +61,9 @@ class Board:
     export: dict[str, Any]
     runner: dict[str, Any]
     path: Path
+    # The whole validated file, for optional sections (npu, usb, ...) that typed accessors
+    # of their own modules read.
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def region(self, name: str) -> MemoryRegion:
         return next(r for r in self.memory if r.name == name)
@@ -167,6 +170,7 @@ def board_from_dict(data: Any, path: Path) -> Board:
         export=data["export"],
         runner=data["runner"],
         path=path,
+        raw=data,
     )
 
 
