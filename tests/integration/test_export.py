@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from deploykit.errors import ConfigError, ExitCode, ExportError
 from deploykit.export import (
     ERROR_LOG_NAME,

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+
 from deploykit.errors import ConfigError, EnvironmentProblem, ExitCode, RunError
 from deploykit.protocol import FAULT_REGISTERS, StreamEncoder, decode
 from deploykit.runners import QemuRunner, RunResult, icount_instructions, runner_for_board

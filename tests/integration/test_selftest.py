@@ -1,14 +1,14 @@
 """The self-test firmware, built with the real toolchain and run on the real QEMU boards."""
 
 import pytest
+from elftools.elf.elffile import ELFFile
+
 from deploykit import api
 from deploykit.boards import load_board
 from deploykit.errors import ExitCode, RunError
 from deploykit.firmware_build import build_image
 from deploykit.render import render_board_files
 from deploykit.runners import runner_for_board
-from elftools.elf.elffile import ELFFile
-
 from tests.markers import requires_cmake, requires_qemu, requires_toolchain
 
 pytestmark = [requires_toolchain, requires_cmake, requires_qemu]

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from deploykit.boards import available_boards, board_from_dict, load_board, parse_size
 from deploykit.errors import ConfigError
 

@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from deploykit.errors import ConfigError, ExitCode
 from deploykit.models import list_models, load_model, resolve_model_path
 

@@ -13,6 +13,10 @@ import zlib
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
 from deploykit.errors import ExitCode
 from deploykit.protocol import (
     FAULT_REGISTERS,
@@ -35,9 +39,6 @@ from deploykit.protocol import (
     tensor_payloads,
     timing_payload,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 # DK_FUZZ_EXAMPLES=5000 for a deep run; the default keeps the file under a few seconds.
 FUZZ = settings(max_examples=int(os.environ.get("DK_FUZZ_EXAMPLES", "100")), deadline=None,

@@ -4,10 +4,10 @@ import subprocess
 
 import numpy as np
 import pytest
+
 from deploykit.boards import load_board
 from deploykit.plan import MemoryPlan
 from deploykit.render import ModelSources, render_board_files, render_model_files
-
 from tests.markers import requires_toolchain
 
 

@@ -4,6 +4,7 @@ import json
 import subprocess
 
 import pytest
+
 from deploykit import sources
 from deploykit.errors import ConfigError, EnvironmentProblem
 from deploykit.sources import SourceOverride, read_manifest
