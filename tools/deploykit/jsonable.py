@@ -9,7 +9,8 @@ from typing import Any
 
 def to_jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out = {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)
+               if f.metadata.get("json", True)}
         for name in ("passed", "fits", "flash_total", "ram_total"):
             attr = getattr(type(value), name, None)
             if isinstance(attr, property):

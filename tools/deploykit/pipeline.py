@@ -23,27 +23,31 @@ from pathlib import Path
 import numpy as np
 
 from .boards import Board, repo_root
-from .errors import ExitCode
+from .errors import BuildError, ConfigError, DeployKitError, EnvironmentProblem, ExitCode
 from .export import ExportResult, load_export, memory_order_bytes
 from .export import export as export_model
-from .firmware_build import Firmware, build_image
+from .firmware_build import PICO_FAMILY, PICO_PROJECTS, Firmware, build_image
 from .fsutil import write_atomic
 from .inspect_pte import ProgramInfo, inspect_pte
 from .jsonable import to_jsonable
 from .models import load_model, resolve_model_path
+from .npu import npu_config
 from .plan import MemoryPlan, plan_memory
+from .protocol import RunRecords
 from .render import ModelSources, render_board_files, render_model_files
 from .runners import runner_for_board
-from .sources import check_executorch_commit, load_workspace
+from .sources import check_executorch_commit, load_workspace, read_manifest, require_projects
 from .validate import Tolerance, Verdict, compare_outputs
 
 Progress = Callable[[str], None]
 
 
-def _export_key(model_path: Path, flow: str, cpu: str) -> str:
-    """Everything an export depends on: the model file, flow, CPU, exporter and versions."""
+def _export_key(model_path: Path, flow: str, cpu: str, npu: dict | None = None) -> str:
+    """Everything an export depends on: the model file, flow, CPU, NPU settings (Vela target,
+    system config, memory mode), exporter and versions."""
     h = hashlib.sha256()
     for part in (model_path.read_bytes(), flow.encode(), cpu.encode(),
+                 json.dumps(npu, sort_keys=True).encode(),
                  *((Path(__file__).parent / m).read_bytes() for m in ("export.py", "models.py")),
                  metadata.version("torch").encode(), metadata.version("executorch").encode()):
         h.update(hashlib.sha256(part).digest())
@@ -76,7 +80,9 @@ def export_stage(board: Board, model: str, flow: str, out: Path,
     """Export, or reuse a finished export whose inputs (export-key) are unchanged."""
     _name, model_path = resolve_model_path(model, repo_root())
     export_dir = out / "export"
-    key = _export_key(model_path, flow, board.cpu["core"])
+    npu = npu_config(board)
+    npu_settings = npu.export_settings() if npu is not None and flow == "ethos_u_int8" else None
+    key = _export_key(model_path, flow, board.cpu["core"], npu_settings)
     key_file = export_dir / "export-key"
     if key_file.exists() and key_file.read_text() == key:
         cached = load_export(export_dir)
@@ -84,11 +90,13 @@ def export_stage(board: Board, model: str, flow: str, out: Path,
             progress(f"export of {cached.model_name} is up to date ({export_dir})")
             return cached
     key_file.unlink(missing_ok=True)
-    progress(f"exporting {model} with the {flow} flow for {board.cpu['core']} "
+    target = f"{npu_settings['target']} ({npu_settings['memory_mode']})" if npu_settings \
+        else board.cpu["core"]
+    progress(f"exporting {model} with the {flow} flow for {target} "
              f"(native library output: {export_dir / 'export-native.log'})")
     with _native_output_to(export_dir / "export-native.log"):
         spec = load_model(model, repo_root())
-        result = export_model(spec, flow, export_dir, cpu=board.cpu["core"])
+        result = export_model(spec, flow, export_dir, cpu=board.cpu["core"], npu=npu_settings)
     write_atomic(key_file, key)
     return result
 
@@ -146,7 +154,12 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
                    progress: Progress) -> BuiltModel:
     ws = load_workspace(workspace)  # before the slow export: fail fast without sources
     et_commit = check_executorch_commit(ws)
+    if board.family == PICO_FAMILY:
+        require_projects(ws, PICO_PROJECTS, f"The {board.name} firmware")
     planned = _export_and_plan(board, model, flow, out, progress)
+    if flow == "ethos_u_int8":
+        progress(f"memory plan (fits):\n{planned.plan.table(items=True)}")
+        _require_ethos_u_sources(board, ws, out)
     exported = planned.export
     generated = out / "generated"
     render_board_files(board, generated)
@@ -157,13 +170,47 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
         expected_outputs=exported.host_outputs, plan=planned.plan, et_commit=et_commit,
         build_info=f"flow={flow} cpu={board.cpu['core']}"), generated)
     progress("building the firmware (the ExecuTorch runtime is cached per board and options)")
-    firmware = build_image(board, generated, out / "firmware", "runner", {
+    definitions = {
         "EXECUTORCH_SOURCE_DIR": str(ws.executorch_dir),
         "DK_CMSIS_NN_DIR": str(ws.path_of("cmsis-nn")),
         "DK_OPS_YAML": str(exported.ops_yaml_path.resolve()),
         "DK_RUNTIME_CACHE_DIR": str((out.parent / "_runtime").resolve()),
-    }, progress=progress)
+    }
+    if board.family == PICO_FAMILY:
+        # Through the pico-sdk project (firmware/pico); the runtime is shared by every model
+        # built for this board (cmake/ExecuTorchRuntime.cmake's cache variable).
+        definitions["DK_WORKSPACE"] = str(ws.root)
+        definitions["DK_ET_RUNTIME_CACHE_DIR"] = definitions.pop("DK_RUNTIME_CACHE_DIR")
+    firmware = build_image(board, generated, out / "firmware", "runner", definitions,
+                           progress=progress)
     return BuiltModel(planned, firmware)
+
+
+ETHOS_U_DRIVER = "ethos-u-core-driver"
+
+
+def _require_ethos_u_sources(board: Board, ws, out: Path) -> None:
+    """Stop an NPU firmware build, after export and plan, where it cannot go on."""
+    npu = npu_config(board)
+    what = f"{npu.target} NPU of {board.name}" if npu else board.name
+    if not ws.has(ETHOS_U_DRIVER):
+        pin = next(p for p in read_manifest() if p.name == ETHOS_U_DRIVER)
+        raise EnvironmentProblem(
+            f"Ethos-U core driver sources not available: add {ETHOS_U_DRIVER} to the workspace "
+            f"at {ws.root} to build firmware for the {what} (ExecuTorch's EthosUBackend "
+            f"links it). The export and memory plan are done: {out / 'export'}, "
+            f"{out / 'plan.json'}.",
+            f"`deploykit setup --group ethos-u` fetches it (pinned in west.yml: {pin.url} "
+            f"at {pin.revision}, the release ExecuTorch v1.4.1 uses). Without access to Arm's "
+            f"GitLab, give a local clone: deploykit setup --source "
+            f"{ETHOS_U_DRIVER}=PATH@{pin.revision}. CPU-only firmware for this board needs "
+            "no driver: --flow cortex_m_int8.")
+    raise BuildError(
+        f"The workspace has {ETHOS_U_DRIVER}, but deploykit's runner firmware does not yet "
+        f"initialise the NPU (base 0x{npu.base:08X}, IRQ {npu.irq}) nor link the "
+        "EthosUBackend." if npu else "No NPU section on this board.",
+        "Build with --flow cortex_m_int8 for a CPU-only image meanwhile; the export and plan "
+        f"in {out} are complete.")
 
 
 @dataclass
@@ -184,6 +231,8 @@ class RunReport:
     cause: str = ""
     log: Path | None = None
     device_outputs: list[list[float]] = field(default_factory=list)
+    # Every decoded record of the run (for the HIL plugin); not part of the JSON report.
+    records: RunRecords | None = field(default=None, repr=False, metadata={"json": False})
 
     def summary(self) -> str:
         lines = [f"{self.model} ({self.flow}) on {self.board}: "
@@ -214,10 +263,12 @@ class RunReport:
 
 
 def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path | None,
-                 timeout: float, progress: Progress) -> RunReport:
+                 timeout: float, progress: Progress,
+                 runner_options: dict | None = None) -> RunReport:
     built = build_firmware(board, model, flow, out, workspace, progress)
     exported = built.planned.export
-    runner = runner_for_board(board)
+    runner = runner_for_board(board, **_runner_options(board, runner_options, workspace,
+                                                       progress))
     progress(f"running on {runner.kind} ({board.runner.get('machine', board.name)})")
     result = runner.run(built.firmware.elf, out, timeout_s=timeout, check=False)
     outcome = result.outcome()
@@ -242,9 +293,27 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
         memory=dict(records.memory.entries) if records.memory else {},
         elf=built.firmware.elf, flash_bytes=built.firmware.sizes.flash_total, cause=cause,
         log=result.console_log,
-        device_outputs=[d.ravel().tolist() if d is not None else [] for d in device])
+        device_outputs=[d.ravel().tolist() if d is not None else [] for d in device],
+        records=records)
     write_atomic(out / "run" / "result.json", json.dumps(_report_json(report), indent=2) + "\n")
     return report
+
+
+def _runner_options(board: Board, options: dict | None, workspace: Path | None,
+                    progress: Progress) -> dict:
+    """--port/--probe (and the workspace, to build picotool from) for runners of physical
+    boards; simulators take none."""
+    from .runners import RUNNERS
+
+    opts = {k: v for k, v in (options or {}).items() if v is not None}
+    if getattr(RUNNERS.get(board.runner.get("kind")), "needs_board", False):
+        opts.setdefault("progress", progress)
+        with contextlib.suppress(DeployKitError):
+            opts.setdefault("workspace", load_workspace(workspace))
+    elif opts:
+        raise ConfigError(f"--port/--probe select a physical board; {board.name} runs on "
+                          f"{board.runner.get('kind')}.", "Leave them out for this board.")
+    return opts
 
 
 def _logical(data: np.ndarray, dim_order: list[int]) -> np.ndarray:

@@ -15,6 +15,7 @@ import numpy as np
 from .boards import Board
 from .errors import ExitCode
 from .firmware_build import Firmware, build_image
+from .protocol import RunRecords
 from .render import render_board_files
 from .runners import runner_for_board
 
@@ -50,6 +51,7 @@ class SelftestReport:
     instructions_estimate: float | None = None
     stack_used: int | None = None
     wall_seconds: float = 0.0
+    records: RunRecords | None = field(default=None, repr=False, metadata={"json": False})
 
     def summary(self) -> str:
         verdict = "PASS" if self.passed else "FAIL"
@@ -92,4 +94,5 @@ def run_selftest(board: Board, out: Path, timeout: float,
         exit_code=ExitCode.MISMATCH if problems else ExitCode.OK, problems=problems,
         ticks=records.timing.ticks if records.timing else None,
         instructions_estimate=result.instructions_estimate,
-        stack_used=stack[0] if stack else None, wall_seconds=result.wall_seconds)
+        stack_used=stack[0] if stack else None, wall_seconds=result.wall_seconds,
+        records=records)

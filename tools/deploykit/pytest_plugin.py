@@ -1,0 +1,120 @@
+"""pytest plugin: the same hardware-in-the-loop tests on QEMU, an FVP or a board.
+
+    pytest tests/hil --board qemu-an547
+    pytest tests/hil --board pico2 --port /dev/ttyACM0
+
+Fixtures:
+- `board`: the parsed board file of `--board` (tests skip, with the reason, without it or
+  when the board's simulator or device is absent);
+- `deployed`: a factory. `deployed(model="tiny_cnn", flow=...)` builds the firmware, runs it
+  on the board's runner and returns a `Deployment`; `deployed(firmware="selftest")` does the
+  same with the board self-test. A `Deployment` has `.result` (the decoded records),
+  `.report` (the parity report, for models), `.log_path`, and `.expect(what)`, which returns
+  the first record of a type (`"done"`, `"tensor"`, ...) or the first log line matching a
+  regex, and fails showing what was received and where the full log is.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .boards import Board, load_board
+from .errors import DeployKitError
+from .protocol import RunRecords
+
+_RECORD_TYPES = {"hello", "tensor", "timing", "memory", "error", "fault", "done", "log"}
+
+
+class ExpectError(AssertionError):
+    """What a test expected did not arrive; says what did and where the log is."""
+
+
+@dataclass
+class Deployment:
+    board: Board
+    result: RunRecords
+    log_path: Path
+    report: Any = None  # pipeline.RunReport for models, selftest.SelftestReport for selftest
+
+    def expect(self, what: str) -> Any:
+        """The first record of type `what`, or the first log/console line matching regex `what`."""
+        records = self.result
+        if what in _RECORD_TYPES:
+            found = [r for r in records.records if type(r).__name__.lower() == what
+                     or (what == "error" and type(r).__name__ == "DeviceError")]
+            if found:
+                return found[0]
+        else:
+            pattern = re.compile(what)
+            for log in records.logs:
+                if pattern.search(log.text):
+                    return log
+            console = self.log_path.read_bytes().decode("utf-8", errors="replace") \
+                if self.log_path.exists() else ""
+            m = pattern.search(console)
+            if m:
+                return m.group(0)
+        raise ExpectError(f"expected {what!r} from {self.board.name}, but the run ended without "
+                          f"it.\nReceived: {records.summary()}\nFull console log: {self.log_path}")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("deploykit", "deploykit hardware-in-the-loop")
+    group.addoption("--board", default=None,
+                    help="board (boards/<name>.yaml) the HIL tests deploy to")
+    group.addoption("--port", default=None,
+                    help="serial port or pyserial URL of the board (for physical boards)")
+    group.addoption("--dk-timeout", type=float, default=120.0,
+                    help="seconds a single run may take on the target (default 120)")
+
+
+@pytest.fixture(scope="session")
+def board(request: pytest.FixtureRequest) -> Board:
+    name = request.config.getoption("--board")
+    if not name:
+        pytest.skip("no target board: run with --board NAME (see `deploykit boards`)")
+    try:
+        b = load_board(name)
+        from .runners import runner_for_board
+
+        runner_for_board(b).check_environment()
+    except DeployKitError as exc:
+        pytest.skip(f"board {name} is not usable here: {exc.cause} {exc.hint}".strip())
+    return b
+
+
+@pytest.fixture
+def deployed(board: Board, request: pytest.FixtureRequest,
+             tmp_path_factory: pytest.TempPathFactory):
+    timeout = request.config.getoption("--dk-timeout")
+
+    def deploy(model: str | None = None, *, flow: str | None = None,
+               firmware: str = "runner") -> Deployment:
+        out = tmp_path_factory.mktemp(f"{board.name}-{model or firmware}")
+        try:
+            if firmware == "selftest":
+                from .selftest import run_selftest
+
+                report = run_selftest(board, out, timeout, lambda _m: None)
+                records = report.records
+            else:
+                if model is None:
+                    raise ValueError("deployed(model=...) needs a model")
+                from .api import resolve_flow
+                from .pipeline import run_firmware
+
+                report = run_firmware(board, model, resolve_flow(board, flow), out, None,
+                                      timeout, lambda _m: None)
+                records = report.records
+        except DeployKitError as exc:
+            if "sources not available" in exc.cause:
+                pytest.skip(exc.cause)
+            raise
+        return Deployment(board, records, out / "run" / "console.bin", report)
+
+    return deploy
