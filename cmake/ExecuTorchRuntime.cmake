@@ -19,10 +19,14 @@
 #                            --model_file_path=X.pte --output_path=X.yaml
 #   DK_CMSIS_NN_DIR          CMSIS-NN source tree; needed when the model has cortex_m operators.
 #   DK_ET_RUNTIME_CACHE_DIR  where runtime build directories live (default <build>/et-runtime;
-#                            share one across firmware builds to reuse the runtime).
+#                            share one across firmware builds to reuse the runtime). Also
+#                            accepted as DK_RUNTIME_CACHE_DIR.
 #   DK_ET_LOGGING            OFF (default): no ET_LOG strings or calls in the runtime.
 #   DK_ET_BUILD_TYPE         build type of the runtime (default MinSizeRel).
-#   DK_FLATC                 optional host flatc (same flatbuffers version); default: build it.
+#   DK_FLATC                 optional host flatc (same flatbuffers version, e.g. the one in the
+#                            executorch wheel, executorch/data/bin/flatc); default: build it once
+#                            per ExecuTorch tree in DK_ET_RUNTIME_CACHE_DIR/host-flatc-<hash>.
+#   DK_ET_FP_CONTRACT        off (default): no FMA contraction, fp32 rounds like the host; fast.
 #   DK_GENERATED_DIR, CMAKE_TOOLCHAIN_FILE   as for the firmware (board.cmake gives the CPU).
 #
 # Provides: dk_executorch_link(<target>), which adds the registration, the registry and the
@@ -36,11 +40,18 @@ set(_DK_ET_CMAKE_DIR ${CMAKE_CURRENT_LIST_DIR})
 set(EXECUTORCH_SOURCE_DIR "" CACHE PATH "ExecuTorch source tree")
 set(DK_OPS_YAML "" CACHE FILEPATH "The model's operator list (gen_oplist output)")
 set(DK_CMSIS_NN_DIR "" CACHE PATH "CMSIS-NN source tree (for cortex_m operators)")
+# DK_RUNTIME_CACHE_DIR is accepted as another name for it.
+if(DK_RUNTIME_CACHE_DIR AND NOT DK_ET_RUNTIME_CACHE_DIR)
+  set(DK_ET_RUNTIME_CACHE_DIR "${DK_RUNTIME_CACHE_DIR}" CACHE PATH
+      "Directory holding the cached ExecuTorch runtime builds, one per cache key")
+endif()
 set(DK_ET_RUNTIME_CACHE_DIR "${CMAKE_BINARY_DIR}/et-runtime" CACHE PATH
     "Directory holding the cached ExecuTorch runtime builds, one per cache key")
 option(DK_ET_LOGGING "Build the ExecuTorch runtime with logging (ET_LOG)" OFF)
 set(DK_ET_BUILD_TYPE MinSizeRel CACHE STRING "Build type of the ExecuTorch runtime")
 set(DK_FLATC "" CACHE FILEPATH "Host flatc; empty: build it from the ExecuTorch tree")
+set(DK_ET_FP_CONTRACT off CACHE STRING
+    "-ffp-contract for ExecuTorch code: off (default; fp32 results round like the host's) or fast")
 
 foreach(_v EXECUTORCH_SOURCE_DIR DK_OPS_YAML DK_GENERATED_DIR CMAKE_TOOLCHAIN_FILE)
   if(NOT ${_v})
@@ -94,7 +105,7 @@ function(_dk_et_runtime_key out_key out_label out_text)
   foreach(_item
       "executorch=${_etv} ${EXECUTORCH_SOURCE_DIR}"
       "cmsis_nn=${DK_CMSIS_NN_DIR}"
-      "flatc=${DK_FLATC}"
+      "flatc=${_dk_flatc}"
       "cxx=${CMAKE_CXX_COMPILER} ${CMAKE_CXX_COMPILER_VERSION}"
       "c=${CMAKE_C_COMPILER} ${CMAKE_C_COMPILER_VERSION}"
       "generator=${CMAKE_GENERATOR}"
@@ -103,7 +114,8 @@ function(_dk_et_runtime_key out_key out_label out_text)
       "c_flags=${CMAKE_C_FLAGS} | ${CMAKE_C_FLAGS_${_bt}}"
       "cxx_flags=${CMAKE_CXX_FLAGS} | ${CMAKE_CXX_FLAGS_${_bt}}"
       "build_type=${DK_ET_BUILD_TYPE}"
-      "logging=${DK_ET_LOGGING}")
+      "logging=${DK_ET_LOGGING}"
+      "fp_contract=${DK_ET_FP_CONTRACT}")
     string(APPEND _text "${_item}\n")
   endforeach()
   string(SHA256 _h "${_text}")
@@ -114,6 +126,17 @@ function(_dk_et_runtime_key out_key out_label out_text)
   set(${out_label} ${_label} PARENT_SCOPE)
   set(${out_text} "${_text}" PARENT_SCOPE)
 endfunction()
+# The host flatc depends only on the ExecuTorch tree: one per tree, shared by every key.
+if(DK_FLATC)
+  set(_dk_flatc ${DK_FLATC})
+  set(_dk_flatc_dir "")
+else()
+  file(READ ${EXECUTORCH_SOURCE_DIR}/version.txt _dk_etv)
+  string(SHA256 _dk_h "${EXECUTORCH_SOURCE_DIR} ${_dk_etv} ${CMAKE_HOST_SYSTEM}")
+  string(SUBSTRING "${_dk_h}" 0 12 _dk_h)
+  set(_dk_flatc_dir ${DK_ET_RUNTIME_CACHE_DIR}/host-flatc-${_dk_h})
+  set(_dk_flatc ${_dk_flatc_dir}/bin/flatc)
+endif()
 _dk_et_runtime_key(DK_ET_RUNTIME_KEY _dk_label _dk_key_text)
 set(DK_ET_RUNTIME_DIR ${DK_ET_RUNTIME_CACHE_DIR}/${_dk_label}-${DK_ET_RUNTIME_KEY})
 
@@ -137,7 +160,8 @@ function(_dk_et_configure_runtime)
       -DEXECUTORCH_SOURCE_DIR=${EXECUTORCH_SOURCE_DIR}
       -DDK_CMSIS_NN_DIR=${DK_CMSIS_NN_DIR}
       -DDK_ET_LOGGING=${DK_ET_LOGGING}
-      -DDK_FLATC=${DK_FLATC}
+      -DDK_ET_FP_CONTRACT=${DK_ET_FP_CONTRACT}
+      -DDK_FLATC=${_dk_flatc}
       -DPYTHON_EXECUTABLE=${PYTHON_EXECUTABLE})
   if(CMAKE_MAKE_PROGRAM)
     list(APPEND _args -DCMAKE_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM})
@@ -216,6 +240,9 @@ endif()
 list(JOIN _dk_rt_targets "," _dk_rt_targets_arg)
 add_custom_target(dk_et_runtime
   COMMAND ${CMAKE_COMMAND} -DDK_RT_DIR=${DK_ET_RUNTIME_DIR} -DDK_RT_TARGETS=${_dk_rt_targets_arg}
+          -DDK_FLATC_DIR=${_dk_flatc_dir}
+          -DDK_FLATBUFFERS_SOURCE_DIR=${EXECUTORCH_SOURCE_DIR}/third-party/flatbuffers
+          -DDK_GENERATOR=${CMAKE_GENERATOR} -DDK_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}
           -P ${_DK_ET_CMAKE_DIR}/executorch-runtime/build.cmake
   BYPRODUCTS ${_dk_rt_files}
   COMMENT "ExecuTorch runtime (${DK_ET_RUNTIME_DIR})"

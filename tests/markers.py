@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+
 from deploykit.errors import DeployKitError
 from deploykit.sources import load_workspace
 

@@ -8,20 +8,19 @@
  * Any ExecuTorch error becomes an `error` record (the Error code and a message), then
  * done(1) and exit. No printf, no heap.
  *
- * Tensor data layout: dk_inputs[] hold each input in logical (contiguous, row-major) order;
- * the runner lays it out in the dim order the program declares (e.g. channels-last for
- * cortex_m models). Outputs are sent in logical order too.
+ * Tensor bytes are in each tensor's memory order (its dim order in the program, e.g.
+ * channels-last NHWC for a cortex_m model's 4-D input), with logical sizes: dk_inputs[] are
+ * rendered that way (deploykit's memory_order_bytes), outputs are sent as they lie in memory
+ * and the host brings them back to logical order.
  *
  * Error codes of the `error` record: ExecuTorch Error values (< 0x100), or the deploykit
  * codes below.
  */
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #include <executorch/extension/data_loader/buffer_data_loader.h>
 #include <executorch/runtime/core/evalue.h>
-#include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
 #include <executorch/runtime/core/hierarchical_allocator.h>
 #include <executorch/runtime/core/memory_allocator.h>
 #include <executorch/runtime/core/span.h>
@@ -190,41 +189,7 @@ void send_memory() {
   fail(DK_ERR_POOL, t.c_str(), DK_STATUS_POOL_TOO_SMALL);
 }
 
-/* ---- tensor layout ---- */
-bool is_contiguous(Span<const uint8_t> dim_order) {
-  for (size_t i = 0; i < dim_order.size(); ++i)
-    if (dim_order[i] != i) return false;
-  return true;
-}
-
-/* Copies `src` (logical row-major order) into `dst` laid out in `dim_order`, or the other way
- * round (to_logical). Works for any rank up to 16. */
-void relayout(uint8_t *dst, const uint8_t *src, Span<const int32_t> sizes,
-              Span<const uint8_t> dim_order, size_t elem, bool to_logical) {
-  const size_t ndim = sizes.size();
-  int32_t strides[16];  // element strides of the dim-ordered layout, per logical dimension
-  int32_t s = 1;
-  for (size_t k = ndim; k-- > 0;) {
-    strides[dim_order[k]] = s;
-    s *= sizes[dim_order[k]];
-  }
-  size_t numel = 1;
-  for (size_t d = 0; d < ndim; ++d) numel *= static_cast<size_t>(sizes[d]);
-  int32_t idx[16] = {0};
-  for (size_t linear = 0; linear < numel; ++linear) {
-    size_t off = 0;
-    for (size_t d = 0; d < ndim; ++d) off += static_cast<size_t>(idx[d] * strides[d]);
-    if (to_logical)
-      memcpy(dst + linear * elem, src + off * elem, elem);
-    else
-      memcpy(dst + off * elem, src + linear * elem, elem);
-    for (size_t d = ndim; d-- > 0;) {  // row-major increment
-      if (++idx[d] < sizes[d]) break;
-      idx[d] = 0;
-    }
-  }
-}
-
+/* ---- inputs and outputs ---- */
 bool protocol_dtype(ScalarType t) {
   switch (t) {
     case ScalarType::Byte:
@@ -249,7 +214,7 @@ void set_inputs(Method &method, const MethodMeta &meta) {
     if (!info.ok()) fail(DK_ERR_NOT_TENSOR, "input is not a tensor");
     Span<const int32_t> sizes = info->sizes();
     bool same = static_cast<uint8_t>(info->scalar_type()) == in.dtype && sizes.size() == in.ndim &&
-                info->nbytes() == in.nbytes && sizes.size() <= 16;
+                info->nbytes() == in.nbytes;
     for (size_t d = 0; same && d < sizes.size(); ++d) same = sizes[d] == in.sizes[d];
     if (!same) {
       char buf[96];
@@ -258,37 +223,13 @@ void set_inputs(Method &method, const MethodMeta &meta) {
         << " differs from the program's (dtype, sizes or bytes)";
       fail(DK_ERR_INPUT, t.c_str());
     }
-    Span<const uint8_t> dim_order = info->dim_order();
-    if (is_contiguous(dim_order)) {
-      TensorImpl impl(info->scalar_type(), static_cast<ssize_t>(sizes.size()),
-                      const_cast<TensorImpl::SizesType *>(sizes.data()),
-                      const_cast<void *>(in.data),
-                      const_cast<TensorImpl::DimOrderType *>(dim_order.data()));
-      Error err = method.set_input(EValue(Tensor(&impl)), i);
-      if (err != Error::Ok) fail_et(err, "set_input");
-    } else if (info->is_memory_planned()) {
-      // Lay the logical data out straight into the planned input buffer.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-      EValue &dst = method.mutable_input(i);
-#pragma GCC diagnostic pop
-      if (!dst.isTensor()) fail(DK_ERR_NOT_TENSOR, "input is not a tensor");
-      Tensor t = dst.toTensor();
-      relayout(static_cast<uint8_t *>(t.mutable_data_ptr()), static_cast<const uint8_t *>(in.data),
-               sizes, dim_order, t.element_size(), false);
-    } else {
-      // A user-provided input in a non-default dim order: lay it out in temp memory, which the
-      // method shares (it is not reset before the first kernel reads the input).
-      void *buf = temp_allocator.allocate(in.nbytes, 16);
-      if (buf == nullptr) fail_pool("temp_pool", DK_TEMP_POOL_SIZE, in.nbytes);
-      relayout(static_cast<uint8_t *>(buf), static_cast<const uint8_t *>(in.data), sizes,
-               dim_order, executorch::runtime::elementSize(info->scalar_type()), false);
-      TensorImpl impl(info->scalar_type(), static_cast<ssize_t>(sizes.size()),
-                      const_cast<TensorImpl::SizesType *>(sizes.data()), buf,
-                      const_cast<TensorImpl::DimOrderType *>(dim_order.data()));
-      Error err = method.set_input(EValue(Tensor(&impl)), i);
-      if (err != Error::Ok) fail_et(err, "set_input");
-    }
+    // The bytes are already in the program's dim order: describe them with it. set_input
+    // copies them into a memory-planned input, or lets the method use them in place.
+    TensorImpl impl(info->scalar_type(), static_cast<ssize_t>(sizes.size()),
+                    const_cast<TensorImpl::SizesType *>(sizes.data()), const_cast<void *>(in.data),
+                    const_cast<TensorImpl::DimOrderType *>(info->dim_order().data()));
+    Error err = method.set_input(EValue(Tensor(&impl)), i);
+    if (err != Error::Ok) fail_et(err, "set_input");
   }
 }
 
@@ -297,22 +238,10 @@ void send_outputs(const Method &method) {
     const EValue &v = method.get_output(i);
     if (!v.isTensor()) fail(DK_ERR_NOT_TENSOR, "output is not a tensor");
     const Tensor &t = v.toTensor();
-    if (!protocol_dtype(t.scalar_type()) || t.dim() > 16)
+    if (!protocol_dtype(t.scalar_type()) || t.dim() > 255)
       fail(DK_ERR_OUTPUT_DTYPE, "output dtype or rank the protocol cannot carry");
-    const void *data = t.const_data_ptr();
-    Span<const uint8_t> dim_order(t.dim_order().data(), t.dim_order().size());
-    if (!is_contiguous(dim_order)) {
-      // The temp pool is free between executions: use it to put the output in logical order.
-      temp_allocator.reset();
-      void *buf = temp_allocator.allocate(t.nbytes(), 16);
-      if (buf == nullptr) fail_pool("temp_pool", DK_TEMP_POOL_SIZE, t.nbytes());
-      relayout(static_cast<uint8_t *>(buf), static_cast<const uint8_t *>(data),
-               Span<const int32_t>(t.sizes().data(), t.sizes().size()), dim_order,
-               t.element_size(), true);
-      data = buf;
-    }
     dk_send_tensor(static_cast<uint16_t>(i), static_cast<uint8_t>(t.scalar_type()),
-                   static_cast<uint8_t>(t.dim()), t.sizes().data(), 0.0f, 0, data,
+                   static_cast<uint8_t>(t.dim()), t.sizes().data(), 0.0f, 0, t.const_data_ptr(),
                    static_cast<uint32_t>(t.nbytes()));
   }
 }

@@ -14,6 +14,7 @@ from pathlib import Path
 from .boards import Board, available_boards, load_board
 from .errors import ConfigError
 from .inspect_pte import ProgramInfo, inspect_pte
+from .npu import npu_config, with_npu_overrides
 from .sources import SourceOverride, Workspace
 
 Progress = Callable[[str], None]
@@ -31,8 +32,18 @@ def describe_board(board: Board) -> str:
     lines = [f"{board.name}: {board.description}",
              f"  cpu {board.cpu['core']} ({' '.join(board.cpu_flags)}), runner "
              f"{board.runner['kind']}, flows {', '.join(board.export['allowed'])}"]
+    npu = npu_config(board)
+    if npu is not None:
+        lines.append(f"  npu {npu.target} at 0x{npu.base:08X} irq {npu.irq}, Vela "
+                     f"{npu.system_config} / {npu.memory_mode} (modes: "
+                     f"{', '.join(npu.memory_modes)}), AXI0 {npu.sram_region}, AXI1 "
+                     f"{npu.ext_region}")
+    if board.cpu.get("note"):
+        lines.append(f"  note: {board.cpu['note']}")
     for r in board.memory:
         placed = [k for k, v in board.placement.items() if v == r.name]
+        if npu is not None and r.name == npu.sram_region:
+            placed.append("NPU SRAM (AXI0)")
         lines.append(f"  {r.name:<8} 0x{r.origin:08X} {r.size // 1024:>8} KiB  "
                      f"{', '.join(placed) or '-'}")
     return "\n".join(lines)
@@ -45,19 +56,40 @@ def doctor(workspace: Path | None = None):
 
 
 def setup(workspace: Path | None = None, sources: list[str] | None = None,
-          progress: Progress = _quiet) -> Workspace:
+          progress: Progress = _quiet, groups: list[str] | None = None) -> Workspace:
     from . import sources as src
 
     overrides = [SourceOverride.parse(s) for s in sources or []]
-    return src.setup(workspace, overrides, progress)
+    return src.setup(workspace, overrides, progress, groups=groups)
 
 
 def inspect(pte: Path) -> ProgramInfo:
     return inspect_pte(pte)
 
 
+def explore(pte: Path, port: int | None = None, open_browser: bool = True) -> None:
+    """Open `pte` in Google's Model Explorer with Arm's PTE adapter (optional extra)."""
+    from .explore import explore as run
+
+    run(pte, port=port, open_browser=open_browser)
+
+
 def describe_program(info: ProgramInfo) -> str:
-    lines = [f"{info.path}: {info.size:,} B, method '{info.method}'",
+    lines = [f"{info.path}: {info.size:,} B, method '{info.method}'"]
+    if info.segments:
+        lines.append("  segments (execution order):")
+        for n, seg in enumerate(info.segments, 1):
+            lines += _describe_segment(n, seg, info)
+        fallback = info.cpu_fallback_ops
+        lines.append("  CPU fallback ops: " + (", ".join(fallback) if fallback else
+                                               "none (only quantize/dequantize)"
+                                               if info.delegates else "-"))
+    scratch = [d for d in info.delegates if d.scratch_size is not None]
+    if scratch:
+        lines.append("  Vela scratch: " + ", ".join(f"delegate {d.index} {d.scratch_size:,} B"
+                                                    for d in scratch)
+                     + f" (largest {info.max_scratch:,} B)")
+    lines += [
              f"  operators ({len(info.operators)}): {', '.join(info.operators) or '-'}",
              f"  delegates ({len(info.delegates)}): "
              + (", ".join(f"{d.backend} {d.size:,} B" for d in info.delegates) or "-"),
@@ -66,7 +98,53 @@ def describe_program(info: ProgramInfo) -> str:
              f"  values {info.num_values}, instructions {info.num_instructions}",
              "  inputs: " + ", ".join(f"{t.sizes} dtype {t.dtype}" for t in info.inputs),
              "  outputs: " + ", ".join(f"{t.sizes} dtype {t.dtype}" for t in info.outputs)]
+    if info.delegates:
+        source = info.partition_source or "unknown (no export.json for this .pte beside it)"
+        lines.append(f"  delegate blobs: {info.delegate_bytes:,} B; ops inside delegates from: "
+                     f"{source}")
     return "\n".join(lines)
+
+
+def program_json(info: ProgramInfo) -> dict:
+    """`deploykit inspect --json`: ProgramInfo, plus `segments` in execution order with each
+    delegate's facts inline, the CPU ops and the largest Vela scratch."""
+    from .jsonable import to_jsonable
+
+    out = to_jsonable(info)
+    segments = []
+    for seg in info.segments:
+        if seg.kind == "cpu":
+            segments.append({"kind": "cpu", "ops": list(seg.ops)})
+            continue
+        d = info.delegates[seg.delegate]
+        segments.append({"kind": "delegate", "delegate": d.index, "backend": d.backend,
+                         "target": d.target, "system_config": d.system_config,
+                         "memory_mode": d.memory_mode, "size": d.size,
+                         "scratch_size": d.scratch_size,
+                         "ops": list(d.ops) if d.ops is not None else None,
+                         "op_counts": d.ops})
+    out.update(segments=segments, cpu_ops=list(info.cpu_ops),
+               cpu_fallback_ops=list(info.cpu_fallback_ops), max_scratch=info.max_scratch,
+               planned_total=info.planned_total)
+    return out
+
+
+def _describe_segment(n: int, seg, info: ProgramInfo) -> list[str]:
+    if seg.kind == "cpu":
+        return [f"    {n}. cpu       {', '.join(seg.ops)}"]
+    d = info.delegates[seg.delegate]
+    where = ", ".join(x for x in (d.target, d.system_config, d.memory_mode) if x)
+    head = f"    {n}. {d.backend} (delegate {d.index}{', ' + where if where else ''}): {d.size:,} B"
+    if d.vela is not None:
+        head += (f" (commands {d.vela.cmd_bytes:,} B, weights {d.vela.weight_bytes:,} B), "
+                 f"scratch {d.scratch_size:,} B")
+    lines = [head]
+    if d.ops is not None:
+        ops = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in d.ops.items())
+        lines.append(f"         ops ({sum(d.ops.values())}): {ops or '-'}")
+    else:
+        lines.append("         ops: unknown (the Vela stream holds no op names)")
+    return lines
 
 
 def default_out(board: str, model: str) -> Path:
@@ -81,11 +159,19 @@ def resolve_flow(board: Board, flow: str | None) -> str:
     return flow
 
 
+def load_board_with(board: str, npu_macs: int | None = None,
+                    npu_memory_mode: str | None = None) -> Board:
+    """The board, with --npu-macs / --npu-memory-mode applied to its `npu:` section (the one
+    field that Vela, the memory plan and the FVP all read)."""
+    return with_npu_overrides(load_board(board), npu_macs, npu_memory_mode)
+
+
 def export(board: str, model: str, flow: str | None = None, out: Path | None = None,
-           progress: Progress = _quiet):
+           progress: Progress = _quiet, npu_macs: int | None = None,
+           npu_memory_mode: str | None = None):
     from .pipeline import export_stage
 
-    b = load_board(board)
+    b = load_board_with(board, npu_macs, npu_memory_mode)
     return export_stage(b, model, resolve_flow(b, flow), out or default_out(board, model),
                         progress)
 
@@ -97,30 +183,82 @@ def describe_export(result) -> str:
 
 
 def plan(board: str, model: str, flow: str | None = None, out: Path | None = None,
-         workspace: Path | None = None, progress: Progress = _quiet):
+         workspace: Path | None = None, progress: Progress = _quiet,
+         npu_macs: int | None = None, npu_memory_mode: str | None = None):
     from .pipeline import plan_stage
 
-    b = load_board(board)
+    b = load_board_with(board, npu_macs, npu_memory_mode)
     return plan_stage(b, model, resolve_flow(b, flow), out or default_out(board, model),
                       progress)
 
 
 def build(board: str, model: str, flow: str | None = None, out: Path | None = None,
-          workspace: Path | None = None, progress: Progress = _quiet):
+          workspace: Path | None = None, progress: Progress = _quiet,
+          npu_macs: int | None = None, npu_memory_mode: str | None = None):
     from .pipeline import build_firmware
 
-    b = load_board(board)
+    b = load_board_with(board, npu_macs, npu_memory_mode)
     return build_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
                           workspace, progress)
 
 
 def run(board: str, model: str, flow: str | None = None, out: Path | None = None,
-        workspace: Path | None = None, timeout: float = 120.0, progress: Progress = _quiet):
+        workspace: Path | None = None, timeout: float = 120.0, progress: Progress = _quiet,
+        npu_macs: int | None = None, npu_memory_mode: str | None = None,
+        port: str | None = None, probe: str | None = None):
     from .pipeline import run_firmware
 
-    b = load_board(board)
+    b = load_board_with(board, npu_macs, npu_memory_mode)
     return run_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                        workspace, timeout, progress)
+                        workspace, timeout, progress,
+                        runner_options={"port": port, "probe": probe})
+
+
+def flash(board: str, *, model: str | None = None, image: Path | None = None,
+          out: Path | None = None, port: str | None = None, probe: str | None = None,
+          workspace: Path | None = None, progress: Progress = _quiet):
+    """Flash a built firmware (`--model`: the runner `deploykit build` made; `--image`: a .uf2
+    or .elf) with the first of the board's flashers that sees exactly one board."""
+    from contextlib import suppress
+
+    from .errors import DeployKitError
+    from .flashers import FlashImage
+    from .flashers import flash as do_flash
+    from .sources import load_workspace
+
+    b = load_board(board)
+    if image is not None:
+        image = Path(image)
+        elf, uf2 = image.with_suffix(".elf"), image.with_suffix(".uf2")
+        if image.suffix == ".elf" and not uf2.exists() and "pico_sdk" in b.raw:
+            from .uf2 import write_uf2
+
+            write_uf2(elf, uf2, family=b.raw["pico_sdk"]["platform"])
+    elif model is not None:
+        fw = (out or default_out(board, model)) / "firmware"
+        elf, uf2 = fw / "dk_runner.elf", fw / "dk_runner.uf2"
+        if not elf.exists():
+            raise ConfigError(f"No firmware built for {model} on {board}: {elf} is missing.",
+                              f"Build it first: deploykit build --board {board} --model {model}")
+    else:
+        raise ConfigError("Nothing to flash.", "Give --model M (after `deploykit build`) or "
+                          "--image FILE.uf2|FILE.elf.")
+    ws = None
+    with suppress(DeployKitError):
+        ws = load_workspace(workspace)  # to build picotool from when it is missing
+    return do_flash(b, FlashImage(elf, uf2), port=port, probe=probe, progress=progress,
+                    workspace=ws)
+
+
+def monitor(board: str, *, port: str | None = None, timeout: float = 60.0,
+            out: Path | None = None, progress: Progress = _quiet):
+    """Find the board's serial port (USB VID/PID, or --port) and decode one run's results."""
+    from .runners.serial_port import MonitorReport, read_board
+
+    b = load_board(board)
+    run_dir = (out or default_out(board, "monitor")) / "run"
+    result = read_board(b, run_dir, timeout_s=timeout, port=port, progress=progress)
+    return MonitorReport.from_result(b.name, result)
 
 
 def selftest(board: str, out: Path | None = None, workspace: Path | None = None,

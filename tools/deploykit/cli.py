@@ -47,8 +47,14 @@ def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = Tru
     if model:
         p.add_argument("--model", required=True, help="model name from models/ or a path to a "
                        "Python file defining model() and example_inputs()")
-        p.add_argument("--flow", choices=["portable_fp32", "cortex_m_int8"],
+        p.add_argument("--flow", choices=["portable_fp32", "cortex_m_int8", "ethos_u_int8"],
                        help="export flow (default: the board file's export.default)")
+        p.add_argument("--npu-macs", type=int, metavar="N",
+                       help="Ethos-U MAC configuration (U55: 32/64/128/256, U85: 128..2048); "
+                       "overrides the board's npu.macs for Vela and the FVP alike")
+        p.add_argument("--npu-memory-mode", metavar="MODE",
+                       help="Vela memory mode, one of the board's npu.vela.memory_modes "
+                       "(e.g. Shared_Sram, Dedicated_Sram_384KB)")
     p.add_argument("--out", type=Path, help="output directory (default build/<board>/<model>)")
     p.add_argument("--workspace", type=Path,
                    help="upstream sources workspace (default $DEPLOYKIT_WORKSPACE or .workspace)")
@@ -77,12 +83,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workspace", type=Path, help="where to put the sources")
     p.add_argument("--source", action="append", default=[], metavar="NAME=PATH[@REV]",
                    help="take project NAME from the local git repository PATH (repeatable)")
+    p.add_argument("--group", action="append", default=[], metavar="GROUP",
+                   help="also fetch the optional projects of GROUP (pico: pico-sdk, tinyusb, "
+                   "picotool for the Pico 2) (repeatable)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
     p = sub.add_parser("export", help="export a model to a .pte (and host reference outputs)")
     _common(p)
 
-    p = sub.add_parser("inspect", help="describe a .pte: operators, delegates, buffers")
+    p = sub.add_parser("explore", help="open a .pte in Model Explorer (optional extra: "
+                       'pip install "deploykit[explore]")')
+    p.add_argument("pte", type=Path, help="the .pte file")
+    p.add_argument("--port", type=int, help="port of the local Model Explorer server")
+    p.add_argument("--no-browser", action="store_true", help="serve without opening a browser")
+
+    p = sub.add_parser("inspect", help="describe a .pte: segments in execution order, "
+                       "delegates with their ops and Vela scratch, CPU ops, buffers")
     p.add_argument("pte", type=Path, help="the .pte file")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
@@ -92,16 +108,42 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build", help="export, plan, render and cross-compile the firmware")
     _common(p)
 
-    p = sub.add_parser("run", help="build, run on the board's simulator, compare with the host")
+    p = sub.add_parser("run", help="build, run on the board's simulator (or flash the board "
+                       "and read it over USB), compare with the host")
     _common(p)
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds before a silent simulator is killed (default 120)")
+    _board_selection(p)
+
+    p = sub.add_parser("flash", help="flash a built firmware onto a board (picotool, the "
+                       "BOOTSEL drive, or SWD; see the board file's flashers)")
+    _common(p, model=False)
+    p.add_argument("--model", help="flash build/<board>/<model>/firmware/dk_runner (built by "
+                   "`deploykit build`)")
+    p.add_argument("--image", type=Path, help="flash this .uf2 or .elf instead")
+    _board_selection(p)
+
+    p = sub.add_parser("monitor", help="find the board's serial port and print its decoded "
+                       "results (a late open loses nothing)")
+    _common(p, model=False)
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds to wait for the results after the port opens (default 60)")
+    p.add_argument("--port", metavar="PORT",
+                   help="serial port or pyserial URL (default: found by the board's USB VID/PID)")
 
     p = sub.add_parser("selftest", help="build and run the board-support self-test firmware "
                        "(no ExecuTorch needed)")
     _common(p, model=False)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
     return parser
+
+
+def _board_selection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", metavar="PORT|MOUNT|SERIAL",
+                   help="which board: its serial port (e.g. /dev/ttyACM0), its BOOTSEL drive's "
+                   "mount point, or its USB serial number; needed when several are connected")
+    p.add_argument("--probe", metavar="SERIAL",
+                   help="flash over SWD through the debug probe with this serial number")
 
 
 def _dispatch(args: argparse.Namespace, out: _Output) -> int:
@@ -117,22 +159,37 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         out.result(checks, "\n".join(lines))
         return 0 if all(c.ok for c in checks) else int(ExitCode.ENVIRONMENT)
     if cmd == "setup":
-        ws = api.setup(args.workspace, args.source, progress=out.progress)
+        ws = api.setup(args.workspace, args.source, progress=out.progress, groups=args.group)
         text = "\n".join(f"{p.name:<12} {p.commit[:12]}  {p.origin}  {ws.root / p.path}"
                          for p in ws.projects.values())
         out.result(ws, text)
         return 0
+    if cmd == "explore":
+        api.explore(args.pte, port=args.port, open_browser=not args.no_browser)
+        return 0
     if cmd == "inspect":
         info = api.inspect(args.pte)
-        out.result(info, api.describe_program(info))
+        out.result(api.program_json(info), api.describe_program(info))
         return 0
+    if cmd == "flash":
+        result = api.flash(args.board, model=args.model, image=args.image, out=args.out,
+                           port=args.port, probe=args.probe, workspace=args.workspace,
+                           progress=out.progress)
+        out.result(result, result.summary())
+        return 0
+    if cmd == "monitor":
+        report = api.monitor(args.board, port=args.port, timeout=args.timeout, out=args.out,
+                             progress=out.progress)
+        out.result(report, report.summary())
+        return 0 if report.ok else int(report.exit_code)
     common = {"board": args.board, "out": args.out, "workspace": args.workspace,
               "progress": out.progress}
     if cmd == "selftest":
         report = api.selftest(**common, timeout=args.timeout)
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
-    common.update(model=args.model, flow=args.flow)
+    common.update(model=args.model, flow=args.flow, npu_macs=args.npu_macs,
+                  npu_memory_mode=args.npu_memory_mode)
     if cmd == "export":
         common.pop("workspace")
         result = api.export(**common)
@@ -147,7 +204,7 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         out.result(fw, fw.summary())
         return 0
     if cmd == "run":
-        report = api.run(**common, timeout=args.timeout)
+        report = api.run(**common, timeout=args.timeout, port=args.port, probe=args.probe)
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
     raise AssertionError(cmd)

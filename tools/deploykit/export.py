@@ -18,6 +18,21 @@ Flows
     the device: see ``input_dim_orders`` / :func:`memory_order_bytes`. The ``.pte`` cannot run
     on the host (no ``cortex_m::`` kernels there), so the reference is the converted PT2E model
     run in PyTorch; outputs are float (dequantized inside the graph).
+``ethos_u_int8``
+    For an Arm Ethos-U NPU, from the board's `npu:` section (``npu=`` argument):
+    ``EthosUCompileSpec`` (target such as ``ethos-u85-256``, Vela system config and memory
+    mode) -> ``EthosUQuantizer`` (symmetric, per-channel) -> PT2E prepare / calibrate / convert
+    on ``.module(check_guards=False)`` -> torch.export -> ``to_edge_transform_and_lower`` with
+    ``EthosUPartitioner`` (TOSA, then Vela) -> ``ReplaceQuantNodesPass`` (quantize/dequantize
+    left on the CPU become ``cortex_m::`` ops, as aot_arm_compiler.py does) -> ``to_executorch``
+    with the delegate blobs inline. Inputs stay NCHW. The reference is the lowered program run
+    on the host with each delegate's TOSA graph (the one Vela compiled) in the TOSA reference
+    model of tosa-tools, and its CPU ops in PyTorch: the NPU's integer semantics. Its
+    difference from the converted PT2E model is recorded (``reference.tosa_reference_check``;
+    ``pt2e_output_<i>`` in reference.npz); the PT2E model is the fallback reference when the
+    TOSA run fails. ``export.json`` gets ``partition``: the graph in
+    execution order (delegate segments with their edge ops and Vela's summary, CPU op runs),
+    keyed by delegate index, which ``deploykit inspect`` shows.
 
 Files written into ``out_dir`` (each atomically; stale ones are removed first, and on
 failure nothing but ``export-error.log`` is left): ``model.pte``, ``ops.yaml`` (gen_oplist
@@ -33,6 +48,7 @@ import contextlib
 import hashlib
 import io
 import json
+import operator
 import tempfile
 import time
 import traceback
@@ -50,7 +66,7 @@ if TYPE_CHECKING:
 
     from .models import ModelSpec
 
-FLOWS = ("portable_fp32", "cortex_m_int8")
+FLOWS = ("portable_fp32", "cortex_m_int8", "ethos_u_int8")
 PTE_NAME = "model.pte"
 OPS_YAML_NAME = "ops.yaml"
 REPORT_NAME = "export.json"
@@ -61,7 +77,9 @@ REPORT_SCHEMA_VERSION = 2
 REFERENCE_KINDS = {
     "portable_fp32": "executorch-pybindings",
     "cortex_m_int8": "pt2e-quantized-torch",
+    "ethos_u_int8": "pt2e-quantized-torch",  # when the TOSA reference model could not run
 }
+TOSA_REFERENCE_KIND = "tosa-reference-model"
 # Used when the model file gives no TOLERANCE for the flow (device vs reference).
 DEFAULT_FP32_TOLERANCE = {"atol": 1e-5, "rtol": 0.0}
 DEFAULT_INT8_STEPS = 2.0  # int8 default atol: this many output quantization steps
@@ -472,6 +490,284 @@ def _dialect_check(lowered: Any, inputs: tuple[Any, ...], reference: list[Any],
 
 
 # ---------------------------------------------------------------------------------------------
+# ethos_u_int8: Arm Ethos-U NPU (TOSA -> Vela), leftovers on the CPU.
+
+ETHOS_U_BACKEND = "EthosUBackend"
+_VELA_SUMMARY_KEYS = {
+    "Accelerator configuration": "accelerator_config",
+    "System configuration": "system_config",
+    "Memory mode": "memory_mode",
+    "Total SRAM used": "sram_used_kib",
+    "Total DRAM used": "dram_used_kib",
+    "CPU operators": "cpu_operators",
+    "NPU operators": "npu_operators",
+    "Neural network macs": "network_macs",
+}
+
+
+def npu_export_settings(npu: dict[str, Any] | None) -> dict[str, Any]:
+    """Normalise the NPU settings given to `export` into {type, macs, target, system_config,
+    memory_mode}. Accepts a board file's `npu:` section (type, macs, vela{...}) or the already
+    flat form (`deploykit.npu.NpuConfig.export_settings()`). MAC count and mode are validated."""
+    from .npu import DEFAULT_MACS, check_macs, check_memory_mode
+
+    if not npu:
+        raise ConfigError("The ethos_u_int8 flow needs the board's NPU settings.",
+                          "Export for a board with an `npu:` section (corstone-300, "
+                          "corstone-320), or pass npu={'type': 'ethos-u85', 'macs': 256, ...}.")
+    npu_type = npu.get("type")
+    if npu_type not in DEFAULT_MACS:
+        raise ConfigError(f"Unknown NPU type {npu_type!r}.",
+                          f"Known types: {', '.join(DEFAULT_MACS)}.")
+    vela = npu.get("vela") or {}
+    macs = check_macs(npu_type, int(npu.get("macs", DEFAULT_MACS[npu_type])), "npu.macs")
+    system_config = npu.get("system_config") or vela.get("system_config")
+    memory_mode = npu.get("memory_mode") or vela.get("memory_mode")
+    if not system_config or not memory_mode:
+        raise ConfigError("The NPU settings lack the Vela system_config or memory_mode.",
+                          "Give both (board file: npu.vela.system_config / memory_mode).")
+    check_memory_mode(npu_type, memory_mode)
+    return {"type": npu_type, "macs": macs, "target": f"{npu_type}-{macs}",
+            "system_config": system_config, "memory_mode": memory_mode}
+
+
+def _op_name(target: Any) -> str:
+    """`aten.convolution.default` -> "aten::convolution"; overloads other than default kept."""
+    text = str(target)
+    if text.startswith("<"):
+        text = getattr(target, "__name__", text)
+    parts = text.split(".")
+    if len(parts) < 2:
+        return text
+    name = f"{parts[0]}::{parts[1]}"
+    return name if len(parts) < 3 or parts[2] == "default" else f"{name}.{parts[2]}"
+
+
+def _parse_vela_summary(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        for label, key in _VELA_SUMMARY_KEYS.items():
+            if line.startswith(label):
+                value = line[len(label):].strip().lstrip("=").strip()
+                number = value.split()[0] if value else ""
+                try:
+                    out[key] = float(number) if "." in number else int(number)
+                except ValueError:
+                    out[key] = value
+    return out
+
+
+@contextlib.contextmanager
+def _capture_vela() -> Iterator[list[dict[str, Any]]]:
+    """Record, for each Vela compilation of the Ethos-U backend, the TOSA flatbuffer it was
+    given, the binary it returned and what Vela printed (its network summary).
+
+    The backend calls `vela_compile` through its module's global name, which is swapped for a
+    recording wrapper for the duration (and always restored)."""
+    from executorch.backends.arm.ethosu import backend as ethosu_backend
+
+    calls: list[dict[str, Any]] = []
+    original = ethosu_backend.vela_compile
+
+    def recording(tosa_flatbuffer: bytes, *args: Any, **kwargs: Any) -> bytes:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            binary = original(tosa_flatbuffer, *args, **kwargs)
+        calls.append({"tosa": bytes(tosa_flatbuffer), "binary": bytes(binary),
+                      "vela_output": printed.getvalue()})
+        return binary
+
+    ethosu_backend.vela_compile = recording
+    try:
+        yield calls
+    finally:
+        ethosu_backend.vela_compile = original
+
+
+def _partition_report(ep: Any, vela_calls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
+                                                                       list[dict[str, Any]]]:
+    """The lowered program's graph, in execution order: one entry per delegate call (its
+    backend, the edge ops inside, Vela's summary) and one per CPU op. Delegates are numbered in
+    the order the emitter meets them, which is the `.pte`'s delegate index."""
+    gm = ep.graph_module
+    by_binary = {c["binary"]: c for c in vela_calls}
+    segments: list[dict[str, Any]] = []
+    delegates: list[dict[str, Any]] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        if "executorch_call_delegate" in str(node.target):
+            lowered = getattr(gm, node.args[0].target)
+            ops: dict[str, int] = {}
+            folded = 0  # quantize/dequantize pairs inside: integer arithmetic on the NPU
+            for inner in lowered.original_module.graph.nodes:
+                if inner.op != "call_function" or inner.target is operator.getitem:
+                    continue
+                name = _op_name(inner.target)
+                if name.startswith("quantized_decomposed::"):
+                    folded += 1
+                else:
+                    ops[name] = ops.get(name, 0) + 1
+            call = by_binary.get(bytes(lowered.processed_bytes))
+            entry = {"index": len(delegates), "backend": lowered.backend_id, "ops": ops,
+                     "num_ops": sum(ops.values()), "folded_quant_ops": folded,
+                     "vela": _parse_vela_summary(call["vela_output"]) if call else {}}
+            delegates.append({**entry, "_tosa": call["tosa"] if call else None,
+                              "_module": node.args[0].target})
+            segments.append({"kind": "delegate", **entry})
+        else:
+            name = _op_name(node.target)
+            if segments and segments[-1]["kind"] == "cpu":
+                segments[-1]["ops"].append(name)
+            else:
+                segments.append({"kind": "cpu", "ops": [name]})
+    return segments, delegates
+
+
+def _tosa_reference(ep: Any, delegates: list[dict[str, Any]], inputs: tuple[Any, ...],
+                    reference: list[Any], output_quant: list[QuantParams | None]
+                    ) -> tuple[dict[str, Any], list[Any] | None]:
+    """Run the lowered program on the host with each Ethos-U delegate replaced by its TOSA graph
+    run in the TOSA reference model (tosa-tools), which is bit-exact to the integer
+    semantics Vela compiles. CPU ops (quantize/dequantize, fallbacks) run as their edge ops in
+    PyTorch. Returns (report, outputs or None); best effort, a failure is recorded."""
+    import numpy as np
+    import torch
+
+    try:
+        import tosa_reference_model as refmodel
+    except ImportError as e:
+        return {"ran": False, "error": f"tosa_reference_model not importable: {e}"}, None
+    tosa_of = {d["_module"]: d["_tosa"] for d in delegates}
+    if any(t is None for t in tosa_of.values()):
+        return {"ran": False, "error": "a delegate's TOSA graph was not captured"}, None
+
+    def to_np(t: torch.Tensor) -> np.ndarray:
+        order = list(t.dim_order())
+        return np.ascontiguousarray(t.detach().permute(order).numpy())
+
+    def from_np(a: np.ndarray, like: Any) -> torch.Tensor:
+        order = list(like.dim_order())
+        physical = [int(like.shape[d]) for d in order]
+        t = torch.from_numpy(np.ascontiguousarray(a)).reshape(physical)
+        return t.permute([order.index(i) for i in range(len(order))]).contiguous()
+
+    class Interp(torch.fx.Interpreter):
+        def run_node(self, n: Any) -> Any:
+            self.current_node = n
+            return super().run_node(n)
+
+        def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+            if "executorch_call_delegate" not in str(target):
+                return super().call_function(target, args, kwargs)
+            lowered, *tensors = args
+            name = self.current_node.args[0].target
+            outputs, status = refmodel.run(tosa_of[name], [to_np(t) for t in tensors],
+                                           initialize_variable_tensor_from_numpy=True)
+            if status != refmodel.GraphStatus.TOSA_VALID:
+                raise RuntimeError(f"TOSA reference model: {status} for {name}")
+            inner_out = next(n for n in lowered.original_module.graph.nodes if n.op == "output")
+            likes = [n.meta["val"] for n in inner_out.args[0]]
+            return tuple(from_np(a, like) for a, like in zip(outputs, likes, strict=True))
+
+    try:
+        with torch.no_grad():
+            out = _flatten_tensors(Interp(ep.module()).run(*[t.clone() for t in inputs]))
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return {"ran": False, "error": f"{type(e).__name__}: {msg}"[:500]}, None
+    if len(out) != len(reference):
+        return {"ran": False, "error": f"{len(out)} outputs, reference has {len(reference)}"}, None
+    diffs = _max_abs_diff([_to_numpy(t) for t in out], [_to_numpy(t) for t in reference])
+    steps = _in_steps(diffs, output_quant)
+    return {"ran": True, "delegates": len(delegates),
+            "max_abs_diff_vs_pt2e": max(diffs) if diffs else 0.0,
+            "max_diff_output_steps": max((s for s in steps if s is not None), default=None),
+            "bit_exact": all(d == 0.0 for d in diffs)}, out
+
+
+def _flow_ethos_u_int8(spec: ModelSpec, st: _Stages, npu: dict[str, Any]) -> dict[str, Any]:
+    with st.step("import torch/executorch"):
+        import torch
+        from executorch.backends.arm.ethosu import EthosUCompileSpec, EthosUPartitioner
+        from executorch.backends.arm.quantizer import (
+            EthosUQuantizer,
+            get_symmetric_quantization_config,
+        )
+        from executorch.backends.cortex_m.passes.replace_quant_nodes_pass import (
+            ReplaceQuantNodesPass,
+        )
+        from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    inputs = tuple(t.clone().contiguous() for t in spec.example_inputs)
+    calibration = [tuple(t.clone().contiguous() for t in s) for s in spec.calibration_inputs]
+    with st.step("EthosUCompileSpec", "Check the board's npu section against Vela's vela.ini."):
+        compile_spec = EthosUCompileSpec(npu["target"], system_config=npu["system_config"],
+                                         memory_mode=npu["memory_mode"])
+    with st.step("torch.export", "Make the model exportable with torch.export.export(model, "
+                 "example_inputs()) (no data-dependent Python control flow)."):
+        exported = torch.export.export(spec.module, inputs)
+        try:
+            # torch 2.13 adds a _guards_fn call_module that the Arm quantizer passes reject.
+            graph_module = exported.module(check_guards=False)
+        except TypeError:  # older torch: no such argument, and no such node
+            graph_module = exported.module()
+    with st.step("quantization (prepare_pt2e)"):
+        quantizer = EthosUQuantizer(compile_spec)
+        quantizer.set_global(get_symmetric_quantization_config(is_per_channel=True))
+        prepared = prepare_pt2e(graph_module, quantizer)
+    with st.step("calibration"), torch.no_grad():
+        for sample in calibration:
+            prepared(*sample)
+    with st.step("quantization (convert_pt2e)"):
+        converted = convert_pt2e(prepared)
+    with st.step("reference (quantized PT2E model)"), torch.no_grad():
+        reference = _flatten_tensors(converted(*[t.clone() for t in inputs]))
+    with st.step("eager reference"), torch.no_grad():
+        eager = _flatten_tensors(spec.module(*[t.clone() for t in inputs]))
+    with st.step("torch.export (quantized)"):
+        qep = torch.export.export(converted, inputs)
+    with st.step("to_edge_transform_and_lower (EthosUPartitioner: TOSA -> Vela)",
+                 "Vela or the TOSA lowering rejected the model; see the log."), \
+            _capture_vela() as vela_calls:
+        edge = to_edge_transform_and_lower(
+            qep, partitioner=[EthosUPartitioner(compile_spec)],
+            compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    with st.step("ReplaceQuantNodesPass (leftover q/dq -> cortex_m)"):
+        # As aot_arm_compiler.py at v1.4.1: quantize/dequantize left outside the delegates
+        # become cortex_m ops, so the firmware needs no quantized_decomposed kernels.
+        edge = edge.transform([ReplaceQuantNodesPass()])
+        lowered = edge.exported_program()
+        input_quant, output_quant = _io_quant(lowered)
+        segments, delegates = _partition_report(lowered, vela_calls)
+    with st.step("TOSA reference model"):
+        tosa_check, tosa_out = _tosa_reference(lowered, delegates, inputs, reference,
+                                               output_quant)
+    pt2e_reference = reference
+    if tosa_out is not None:
+        # The device is compared with the integer semantics the NPU implements: the lowered
+        # program with its delegates run by the TOSA reference model. The PT2E model (float
+        # simulation of the quantization) drifts from it by rounding, layer after layer.
+        reference = tosa_out
+    with st.step("to_executorch"):
+        from executorch.exir import ExecutorchBackendConfig
+
+        # Delegate blobs inline in the program (as aot_arm_compiler.py writes them).
+        pte = bytes(edge.to_executorch(
+            config=ExecutorchBackendConfig(extract_delegate_segments=False)).buffer)
+    partition = {"backend": ETHOS_U_BACKEND, "segments": segments,
+                 "delegates": [{k: v for k, v in d.items() if not k.startswith("_")}
+                               for d in delegates]}
+    return {"pte": pte, "reference": reference, "eager": eager, "inputs": inputs,
+            "input_quant": input_quant, "output_quant": output_quant,
+            "dialect_check": None, "tosa_check": tosa_check, "partition": partition,
+            "extra": {}, "ethos_u": npu, "pt2e_reference": pt2e_reference,
+            "reference_kind": TOSA_REFERENCE_KIND if tosa_out is not None
+            else REFERENCE_KINDS["ethos_u_int8"]}
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def _gen_oplist(pte: bytes, work: Path) -> bytes:
@@ -501,8 +797,12 @@ def _versions() -> dict[str, str]:
             "executorch_git": getattr(etv, "git_version", "?")}
 
 
-def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55") -> ExportResult:
+def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
+           npu: dict[str, Any] | None = None) -> ExportResult:
     """Export `spec` through `flow` into `out_dir` (see the module docstring).
+
+    `npu` (ethos_u_int8 only) is the board's NPU: its `npu:` section with any --npu-macs /
+    --npu-memory-mode override applied, or `NpuConfig.export_settings()`.
 
     Raises ConfigError for a bad flow/CPU, ExportError (with `log_path` to a full traceback)
     when a step fails. On failure no `.pte` (nor any other output but the error log) is left.
@@ -514,6 +814,7 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55") -
     parse_cpu(cpu)
     if flow == "cortex_m_int8":
         _target_config(cpu)  # validate before any heavy work
+    npu_settings = npu_export_settings(npu) if flow == "ethos_u_int8" else None
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -528,6 +829,9 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55") -
             warnings.simplefilter("ignore", DeprecationWarning)
             if flow == "portable_fp32":
                 art = _flow_portable_fp32(spec, st)
+            elif flow == "ethos_u_int8":
+                assert npu_settings is not None
+                art = _flow_ethos_u_int8(spec, st, npu_settings)
             else:
                 art = _flow_cortex_m_int8(spec, st, cpu)
             pte: bytes = art["pte"]
@@ -548,6 +852,11 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55") -
                 "Report this: the exported program does not match the model's signature.")
         diffs = _max_abs_diff(reference_np, eager_np)
         warn = _checks(flow, spec.name, op_list, info)
+        tc = art.get("tosa_check")
+        if tc is not None and not tc.get("ran"):
+            warn.append(f"The TOSA reference model did not run ({tc.get('error')}); the "
+                        "reference is the quantized PT2E model, which can differ from the NPU "
+                        "by a few output steps.")
         dc = art["dialect_check"]
         if dc is not None and dc.get("ran") and not dc.get("bit_exact"):
             warn.append("The cortex_m ops' Python reference differs from the PT2E reference by "
@@ -560,7 +869,9 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55") -
         npz = io.BytesIO()
         np.savez(npz, **{f"input_{i}": a for i, a in enumerate(inputs_np)},
                  **{f"output_{i}": a for i, a in enumerate(reference_np)},
-                 **{f"eager_output_{i}": a for i, a in enumerate(eager_np)})
+                 **{f"eager_output_{i}": a for i, a in enumerate(eager_np)},
+                 **{f"pt2e_output_{i}": _to_numpy(t)
+                    for i, t in enumerate(art.get("pt2e_reference") or [])})
 
         report = {
             "schema_version": REPORT_SCHEMA_VERSION,
@@ -569,6 +880,8 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55") -
             "flow": flow,
             "cpu": cpu,
             **({"cortex_m_target": art["extra"]} if art["extra"] else {}),
+            **({"ethos_u": art["ethos_u"], "partition": art["partition"]}
+               if "partition" in art else {}),
             "versions": _versions(),
             "pte": {"file": PTE_NAME, "size": len(pte), "sha256": pte_sha},
             "ops_yaml": OPS_YAML_NAME,
@@ -582,7 +895,7 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55") -
             "outputs": _tensor_entries("output", reference_np, info.outputs,
                                        art["output_quant"]),
             "reference": {
-                "kind": REFERENCE_KINDS[flow],
+                "kind": art.get("reference_kind", REFERENCE_KINDS[flow]),
                 "file": REFERENCE_NAME,
                 "eager_max_abs_diff": max(diffs) if diffs else 0.0,
                 "eager_max_abs_diff_per_output": diffs,
@@ -591,6 +904,7 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55") -
                                  for a in reference_np],
                 **({"cortex_m_dialect_check": art["dialect_check"]}
                    if art["dialect_check"] is not None else {}),
+                **({"tosa_reference_check": art["tosa_check"]} if "tosa_check" in art else {}),
             },
             "tolerance": tolerance,
             "tolerance_source": tol_source,
@@ -620,7 +934,7 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55") -
         op_list=op_list, inputs=inputs_np,
         input_dim_orders=[t.dim_order for t in info.inputs],
         host_outputs=reference_np, output_dim_orders=[t.dim_order for t in info.outputs],
-        reference_kind=REFERENCE_KINDS[flow], eager_outputs=eager_np,
+        reference_kind=art.get("reference_kind", REFERENCE_KINDS[flow]), eager_outputs=eager_np,
         eager_max_abs_diff=max(diffs) if diffs else 0.0,
         input_quant=list(art["input_quant"]), output_quant=list(art["output_quant"]),
         tolerance=tolerance, tolerance_source=tol_source,
@@ -693,6 +1007,18 @@ def _checks(flow: str, model: str, op_list: list[str], info: PteInfo) -> list[st
         if info.kernel_calls.get("aten::permute_copy.out"):
             warn.append("aten::permute_copy.out remains after constant_prop_pass: some "
                         "transposes run at inference time.")
+    elif flow == "ethos_u_int8":
+        if info.num_delegates == 0:
+            raise ExportError(f"ethos_u_int8 export of '{model}' delegated nothing to the "
+                              "Ethos-U.", "No layer of the model is supported by the "
+                              "EthosUPartitioner; use the cortex_m_int8 flow.")
+        rest = [o for o in op_list if not o.startswith("cortex_m::")]
+        if rest:
+            warn.append("Some operators run on the CPU as portable kernels between the NPU "
+                        f"delegates (the firmware must include them): {', '.join(rest)}.")
+        if info.num_delegates > 1:
+            warn.append(f"The graph is split into {info.num_delegates} Ethos-U delegates; "
+                        "each boundary costs a round trip through the CPU.")
     else:
         rest = [o for o in op_list if not o.startswith("cortex_m::")]
         if rest:

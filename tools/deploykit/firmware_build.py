@@ -1,15 +1,26 @@
-"""Build stage: configure and build a firmware image of `firmware/` for a board."""
+"""Build stage: configure and build a firmware image of `firmware/` for a board.
+
+Boards of family rp2350 (Pico 2) build through the pico-sdk project `firmware/pico/` instead,
+and also get a UF2 image (tools/deploykit/uf2.py). Every build ends with a fit check of the
+linked ELF against the board file's memory regions (`memory_fit`).
+"""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .boards import Board, repo_root
 from .cmake_driver import cmake_build
-from .errors import BuildError
+from .errors import BuildError, MemoryPlanError
+from .fsutil import write_if_changed
 from .sizes import SizeReport, size_report
+
+if TYPE_CHECKING:
+    from .uf2 import Uf2Result
 
 
 @dataclass(frozen=True)
@@ -21,10 +32,142 @@ class Firmware:
     configure_seconds: float
     build_seconds: float
     log: Path
+    fit: MemoryFit | None = None  # the ELF against the board's regions (pico builds)
+    uf2: Uf2Result | None = None  # boards flashed as UF2 (rp2350)
 
     def summary(self) -> str:
-        return (f"{self.elf} for {self.board} (configure {self.configure_seconds:.1f} s, "
+        text = (f"{self.elf} for {self.board} (configure {self.configure_seconds:.1f} s, "
                 f"build {self.build_seconds:.1f} s)\n{self.sizes.table()}")
+        if self.fit is not None:
+            text += "\n" + self.fit.table()
+        if self.uf2 is not None:
+            u = self.uf2
+            same = {True: "; picotool's output is identical",
+                    False: "; differs from picotool's"}.get(u.picotool_identical, "")
+            text += (f"\n{u.path} (written by {u.source}{same}): checked, "
+                     f"{u.report.summary()}")
+            text += "".join(f"\n  note: {n}" for n in u.report.notes)
+        return text
+
+
+@dataclass(frozen=True)
+class RegionFit:
+    name: str
+    origin: int
+    size: int
+    used: int  # bytes of ALLOC sections placed there (run addresses), plus load images
+    nonvolatile: bool  # holds the board's vectors or code (flash)
+
+    @property
+    def headroom(self) -> int:
+        return self.size - self.used
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """Where the linked ELF's sections landed, per board region, and Berkeley sizes."""
+
+    board: str
+    regions: tuple[RegionFit, ...]
+    text: int
+    data: int
+    bss: int
+    problems: tuple[str, ...] = ()
+
+    @property
+    def flash_used(self) -> int:
+        return sum(r.used for r in self.regions if r.nonvolatile)
+
+    @property
+    def flash_size(self) -> int:
+        return sum(r.size for r in self.regions if r.nonvolatile)
+
+    @property
+    def ram_used(self) -> int:
+        return sum(r.used for r in self.regions if not r.nonvolatile)
+
+    @property
+    def ram_size(self) -> int:
+        return sum(r.size for r in self.regions if not r.nonvolatile)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems and all(r.headroom >= 0 for r in self.regions)
+
+    def table(self) -> str:
+        lines = [f"fit check ({self.board}): text {self.text:,} B, data {self.data:,} B, "
+                 f"bss {self.bss:,} B",
+                 f"  {'region':<10}{'origin':>12}{'used':>12}{'size':>12}{'use':>8}"]
+        for r in self.regions:
+            lines.append(f"  {r.name:<10}  0x{r.origin:08X}{r.used:>12,}{r.size:>12,}"
+                         f"{100 * r.used / r.size:>7.1f}%")
+        lines.append(f"  flash {self.flash_used:,} of {self.flash_size:,} B "
+                     f"({self.flash_size // 1024:,} KiB), RAM {self.ram_used:,} of "
+                     f"{self.ram_size:,} B ({self.ram_size // 1024:,} KiB): "
+                     + ("fits" if self.fits else "DOES NOT FIT"))
+        lines += [f"  problem: {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def memory_fit(elf: Path, board: Board) -> MemoryFit:
+    """Place every allocated section of `elf` (run address, and load address when they
+    differ) in the board's memory regions."""
+    from elftools.elf.constants import SH_FLAGS
+    from elftools.elf.elffile import ELFFile
+
+    code_regions = {board.placement["vectors"], board.placement["code"]}
+    used = {r.name: 0 for r in board.memory}
+    problems = []
+    text = data = bss = 0
+
+    def region_of(addr: int, size: int):
+        return next((r for r in board.memory if r.origin <= addr and addr + size <= r.end), None)
+
+    with open(elf, "rb") as f:
+        e = ELFFile(f)
+        loads = [s for s in e.iter_segments() if s["p_type"] == "PT_LOAD"]
+        for sec in e.iter_sections():
+            flags, size = sec["sh_flags"], sec["sh_size"]
+            if not flags & SH_FLAGS.SHF_ALLOC or size == 0:
+                continue
+            nobits = sec["sh_type"] == "SHT_NOBITS"
+            if nobits:
+                bss += size
+            elif flags & SH_FLAGS.SHF_WRITE:
+                data += size
+            else:
+                text += size
+            vma = sec["sh_addr"]
+            r = region_of(vma, size)
+            if r is None:
+                problems.append(f"{sec.name} (0x{vma:08X}, {size:,} B) is outside every region "
+                                f"of {board.name}")
+                continue
+            used[r.name] += size
+            if nobits:
+                continue
+            seg = next((s for s in loads if s["p_vaddr"] <= vma
+                        and vma + size <= s["p_vaddr"] + s["p_filesz"]), None)
+            if seg is None:
+                continue
+            lma = seg["p_paddr"] + vma - seg["p_vaddr"]
+            if lma != vma:
+                lr = region_of(lma, size)
+                if lr is None:
+                    problems.append(f"the load image of {sec.name} (0x{lma:08X}) is outside "
+                                    f"every region of {board.name}")
+                else:
+                    used[lr.name] += size
+    regions = tuple(RegionFit(r.name, r.origin, r.size, used[r.name], r.name in code_regions)
+                    for r in board.memory)
+    return MemoryFit(board.name, regions, text, data, bss, tuple(problems))
+
+
+def check_fit(fit: MemoryFit, elf: Path) -> None:
+    if not fit.fits:
+        raise MemoryPlanError(f"{elf.name} does not fit {fit.board}:\n{fit.table()}",
+                              "Make the model smaller (--flow cortex_m_int8) or move items to "
+                              "larger regions in the board file's placement.")
 
 
 def toolchain_file() -> Path:
@@ -35,6 +178,8 @@ def build_image(board: Board, generated_dir: Path, build_dir: Path, firmware: st
                 definitions: dict[str, str] | None = None,
                 progress: Callable[[str], None] | None = None) -> Firmware:
     """Build `firmware` (selftest or runner) against the rendered files in `generated_dir`."""
+    if board.family == PICO_FAMILY:
+        return build_pico_image(board, generated_dir, build_dir, firmware, definitions, progress)
     defs = {"DK_GENERATED_DIR": str(generated_dir.resolve()), "DK_FIRMWARE": firmware,
             **(definitions or {})}
     result = cmake_build(repo_root() / "firmware", build_dir, defs, toolchain_file(),
@@ -48,3 +193,75 @@ def build_image(board: Board, generated_dir: Path, build_dir: Path, firmware: st
                          log_path=str(result.log))
     return Firmware(board.name, elf, map_file, size_report(map_file), result.configure_seconds,
                     result.build_seconds, result.log)
+
+
+# ---- boards built through the pico-sdk (family rp2350) ----------------------------------------
+
+PICO_FAMILY = "rp2350"
+PICO_PROJECTS = ["pico-sdk", "tinyusb"]  # west.yml group pico; picotool is optional
+
+
+def pico_board_cmake(board: Board) -> str:
+    """`<generated>/pico_board.cmake`: the board file's pico-sdk settings for firmware/pico/."""
+    raw = board.raw
+    sdk, stdio, usb = raw["pico_sdk"], raw["stdio"], raw["usb"]
+    serial = raw.get("serial", {})
+    values = [
+        ("DK_PICO_BOARD", f'"{sdk["board"]}"'),
+        ("DK_PICO_PLATFORM", f'"{sdk["platform"]}"'),
+        ("DK_PICO_SDK_VERSION", f'"{sdk.get("version", "")}"'),
+        ("DK_PICO_STDIO_USB", str(int(stdio["usb"]))),
+        ("DK_PICO_STDIO_UART", str(int(stdio["uart"]))),
+        ("DK_PICO_UART_BAUD", str(serial.get("baud", board.console["baud"]))),
+        ("DK_LINK_TRANSCRIPT_BYTES", str(serial.get("transcript_bytes", 16384))),
+        ("DK_STACK_BYTES", str(board.stack_size)),
+        ("DK_HEAP_BYTES", str(board.heap_size)),
+        ("DK_USB_VID", f"0x{usb['vid']:04X}"),
+        ("DK_USB_PID_CDC", f"0x{usb['pid_cdc']:04X}"),
+    ]
+    body = "".join(f"set({k} {v})\n" for k, v in values)
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    return (f"# Generated by deploykit from boards/{board.name}.yaml (pico_sdk, stdio, usb, "
+            f"serial); inputs sha256 {digest}. Do not edit.\n{body}")
+
+
+def build_pico_image(board: Board, generated_dir: Path, build_dir: Path, firmware: str,
+                     definitions: dict[str, str] | None = None,
+                     progress: Callable[[str], None] | None = None) -> Firmware:
+    """Build through firmware/pico/ (pico-sdk), then write and check the UF2 and the fit."""
+    from .sources import load_workspace, require_projects
+    from .uf2 import find_picotool, write_uf2
+
+    for section in ("pico_sdk", "stdio", "usb"):
+        if section not in board.raw:
+            raise BuildError(f"Board {board.name} (family {PICO_FAMILY}) has no `{section}:` "
+                             "section.", "See boards/pico2.yaml and docs/pico2.md.")
+    defs = {"DK_GENERATED_DIR": str(generated_dir.resolve()), "DK_FIRMWARE": firmware,
+            **(definitions or {})}
+    tool_dirs: list[Path] = []
+    if "PICO_SDK_PATH" not in defs:
+        ws = load_workspace(Path(defs.pop("DK_WORKSPACE")) if "DK_WORKSPACE" in defs else None)
+        require_projects(ws, PICO_PROJECTS, f"The {board.name} firmware")
+        defs["PICO_SDK_PATH"] = str(ws.path_of("pico-sdk"))
+        from .flashers.picotool import picotool_build_dir
+
+        tool_dirs.append(picotool_build_dir(ws))
+    defs.pop("DK_WORKSPACE", None)
+    write_if_changed(generated_dir / "pico_board.cmake", pico_board_cmake(board))
+    result = cmake_build(repo_root() / "firmware" / "pico", build_dir, defs, toolchain_file(),
+                         progress=progress)
+    target = {"selftest": "dk_selftest", "runner": "dk_runner"}[firmware]
+    elf = build_dir / f"{target}.elf"
+    map_file = build_dir / f"{target}.map"
+    if not elf.exists():
+        raise BuildError(f"The build finished but {elf} is missing.",
+                         "Check firmware/pico/CMakeLists.txt's target names.",
+                         log_path=str(result.log))
+    fit = memory_fit(elf, board)
+    check_fit(fit, elf)
+    flash = board.region_for("code")
+    uf2 = write_uf2(elf, elf.with_suffix(".uf2"), family=board.raw["pico_sdk"]["platform"],
+                    flash_start=flash.origin, flash_size=flash.size,
+                    picotool=find_picotool(tool_dirs))
+    return Firmware(board.name, elf, map_file, size_report(map_file), result.configure_seconds,
+                    result.build_seconds, result.log, fit=fit, uf2=uf2)

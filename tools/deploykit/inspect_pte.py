@@ -1,11 +1,33 @@
-"""Inspect stage: read a `.pte` and describe what the runtime will need to run it."""
+"""Inspect stage: read a `.pte` and describe what the runtime will need to run it.
+
+Besides the operator table and buffer sizes, it lists the program's *segments* in execution
+order (the instructions of the method's chain): delegate calls, and the runs of CPU kernel
+calls between them. For an Ethos-U delegate it reads the Vela stream in the blob (blocks of a
+16-byte name, a 16-byte header whose first int32 is the data length, and the data padded to
+16 bytes; see ExecuTorch's backends/arm/scripts/get_ethosu_scratch_from_pte.py): the scratch
+size the NPU needs, the command stream and weight sizes, the I/O tensors, and the Vela target,
+system config and memory mode from the delegate's compile specs. The ops *inside* a delegate
+are not recoverable from a Vela command stream; they come from the export-time partition
+report (`export.json` `partition`, keyed by delegate index) when that report sits beside the
+`.pte` and names the same SHA-256.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError
+
+ETHOS_U_BACKEND = "EthosUBackend"
+# CPU ops that only convert between the float model I/O and the int8 the NPU works in.
+QDQ_OPS = ("cortex_m::quantize_per_tensor", "cortex_m::dequantize_per_tensor",
+           "quantized_decomposed::quantize_per_tensor",
+           "quantized_decomposed::dequantize_per_tensor")
 
 
 @dataclass(frozen=True)
@@ -15,9 +37,50 @@ class TensorInfo:
 
 
 @dataclass(frozen=True)
+class VelaIo:
+    shape: tuple[int, ...]  # Vela's 6-D shape
+    elem_size: int
+    offset: int  # in the scratch region
+    region: int
+
+
+@dataclass(frozen=True)
+class VelaStream:
+    """The blocks of an Ethos-U delegate blob (ExecuTorch's arm_vela.py writes them)."""
+
+    blocks: dict[str, int]  # block name -> data length, in stream order
+    scratch_size: int | None  # bytes of scratch (tensor arena) the command stream needs
+    cmd_bytes: int
+    weight_bytes: int
+    inputs: tuple[VelaIo, ...]
+    outputs: tuple[VelaIo, ...]
+
+
+@dataclass(frozen=True)
 class DelegateInfo:
     backend: str
     size: int
+    index: int = 0
+    compile_specs: dict[str, str] = field(default_factory=dict)
+    target: str | None = None  # Vela --accelerator-config, e.g. ethos-u85-256
+    system_config: str | None = None
+    memory_mode: str | None = None
+    vela: VelaStream | None = None
+    ops: dict[str, int] | None = None  # ops inside (from the export report), None if unknown
+
+    @property
+    def scratch_size(self) -> int | None:
+        return self.vela.scratch_size if self.vela else None
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One step of the method in execution order: a delegate call or a run of CPU kernels."""
+
+    kind: str  # "delegate" | "cpu"
+    ops: tuple[str, ...]  # cpu: kernels in call order; delegate: ops inside (may be empty)
+    delegate: int | None = None  # index into ProgramInfo.delegates
+    backend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -36,13 +99,39 @@ class ProgramInfo:
     num_instructions: int
     constant_bytes: int
     notes: list[str] = field(default_factory=list)
+    segments: tuple[Segment, ...] = ()  # execution order
+    delegate_bytes: int = 0  # delegate blobs stored in the program (inline)
+    partition_source: str | None = None  # where the ops inside delegates come from
+    sha256: str = ""
 
     @property
     def planned_total(self) -> int:
         return sum(self.planned_buffers)
 
+    @property
+    def cpu_ops(self) -> tuple[str, ...]:
+        """Kernels called on the CPU, each once, in first-call order."""
+        seen: dict[str, None] = {}
+        for seg in self.segments:
+            if seg.kind == "cpu":
+                for op in seg.ops:
+                    seen.setdefault(op, None)
+        return tuple(seen)
 
-def inspect_pte(path: Path, method: str = "forward") -> ProgramInfo:
+    @property
+    def cpu_fallback_ops(self) -> tuple[str, ...]:
+        """CPU kernels other than the quantize/dequantize at the delegate boundaries."""
+        return tuple(o for o in self.cpu_ops if o.split(".")[0] not in QDQ_OPS)
+
+    @property
+    def max_scratch(self) -> int:
+        """The largest Vela scratch of any delegate (they run one at a time)."""
+        return max((d.scratch_size or 0 for d in self.delegates), default=0)
+
+
+def inspect_pte(path: Path, method: str = "forward", report: Path | None = None) -> ProgramInfo:
+    """Describe `path`. The ops inside delegates come from `report` (default: export.json
+    beside the .pte) when it was written for this very .pte."""
     from executorch.exir._serialize._program import deserialize_pte_binary
     from executorch.exir.schema import Tensor
 
@@ -70,10 +159,13 @@ def inspect_pte(path: Path, method: str = "forward") -> ProgramInfo:
 
     operators = tuple(
         f"{op.name}.{op.overload}" if op.overload else op.name for op in plan.operators)
-    delegates = tuple(
-        DelegateInfo(d.id, _delegate_size(program, d)) for d in plan.delegates)
+    sha = hashlib.sha256(data).hexdigest()
+    partition, source = _partition_report(report or path.parent / "export.json", sha)
+    delegates = tuple(_delegate_info(program, i, d, partition)
+                      for i, d in enumerate(plan.delegates))
     constant_bytes = sum(len(b.storage) for b in program.constant_buffer)
     constant_bytes += sum(s.size for s in program.segments)
+    delegate_bytes = sum(len(d.data) for d in program.backend_delegate_data)
     return ProgramInfo(
         path=path,
         size=len(data),
@@ -86,7 +178,115 @@ def inspect_pte(path: Path, method: str = "forward") -> ProgramInfo:
         num_values=len(plan.values),
         num_instructions=sum(len(c.instructions) for c in plan.chains),
         constant_bytes=constant_bytes,
+        segments=_segments(plan, operators, delegates),
+        delegate_bytes=delegate_bytes,
+        partition_source=source if delegates else None,
+        sha256=sha,
     )
+
+
+def _segments(plan: Any, operators: tuple[str, ...],
+              delegates: tuple[DelegateInfo, ...]) -> tuple[Segment, ...]:
+    """The chain's instructions grouped: each DelegateCall is a segment, and consecutive
+    KernelCalls form one CPU segment. Moves, jumps and frees are not steps of their own."""
+    out: list[Segment] = []
+    run: list[str] = []
+    for chain in plan.chains:
+        for instr in chain.instructions:
+            kind = type(instr.instr_args).__name__
+            if kind == "KernelCall":
+                run.append(operators[instr.instr_args.op_index])
+            elif kind == "DelegateCall":
+                if run:
+                    out.append(Segment("cpu", tuple(run)))
+                    run = []
+                d = delegates[instr.instr_args.delegate_index]
+                out.append(Segment("delegate", tuple(d.ops or ()), d.index, d.backend))
+    if run:
+        out.append(Segment("cpu", tuple(run)))
+    return tuple(out)
+
+
+def _partition_report(path: Path, sha: str) -> tuple[dict[int, dict[str, int]], str | None]:
+    """Ops inside each delegate, by delegate index, from an export report for this .pte."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}, None
+    if report.get("pte", {}).get("sha256") != sha or "partition" not in report:
+        return {}, None
+    return ({int(d["index"]): dict(d["ops"]) for d in report["partition"].get("delegates", [])},
+            f"{path} (export-time partition report)")
+
+
+def _delegate_info(program: Any, index: int, delegate: Any,
+                   partition: dict[int, dict[str, int]]) -> DelegateInfo:
+    specs = {}
+    for spec in delegate.compile_specs:
+        try:
+            specs[spec.key] = bytes(spec.value).decode()
+        except UnicodeDecodeError:
+            specs[spec.key] = bytes(spec.value).hex()
+    flags = dict(f.split("=", 1) for f in specs.get("compile_flags", "").split() if "=" in f)
+    loc = delegate.processed
+    blob = bytes(program.backend_delegate_data[loc.index].data) if loc.location == 0 else None
+    vela = parse_vela_stream(blob) if blob is not None and delegate.id == ETHOS_U_BACKEND \
+        else None
+    return DelegateInfo(
+        backend=delegate.id, size=_delegate_size(program, delegate), index=index,
+        compile_specs={k: v for k, v in specs.items() if k != "debug_artifact_path"},
+        target=specs.get("target") or flags.get("--accelerator-config"),
+        system_config=flags.get("--system-config"), memory_mode=flags.get("--memory-mode"),
+        vela=vela, ops=partition.get(index))
+
+
+def iter_vela_blocks(blob: bytes):
+    """(name, data) of each block of a Vela stream, up to `vela_end_stream`."""
+    off = 0
+    while off + 32 <= len(blob):
+        name = blob[off:off + 16].split(b"\x00", 1)[0].decode("ascii", "replace")
+        (size,) = struct.unpack_from("<i", blob, off + 16)
+        off += 32
+        if size < 0 or off + size > len(blob):
+            raise ValueError(f"Vela block '{name}' claims {size} bytes past the blob's end")
+        yield name, blob[off:off + size]
+        off += (size + 15) // 16 * 16
+        if name == "vela_end_stream":
+            return
+
+
+def parse_vela_stream(blob: bytes) -> VelaStream | None:
+    """The Vela blocks of an Ethos-U delegate blob, or None if it is not a Vela stream."""
+    try:
+        blocks = list(iter_vela_blocks(blob))
+    except ValueError:
+        return None
+    if not blocks or blocks[0][0] != "vela_bin_stream":
+        return None
+    named = dict(blocks)
+    scratch = named.get("scratch_size")
+    return VelaStream(
+        blocks={name: len(data) for name, data in blocks},
+        scratch_size=struct.unpack("<I", scratch[:4])[0] if scratch and len(scratch) >= 4
+        else None,
+        cmd_bytes=len(named.get("cmd_data", b"")),
+        weight_bytes=len(named.get("weight_data", b"")),
+        inputs=_vela_io(named.get("inputs", b"")),
+        outputs=_vela_io(named.get("outputs", b"")))
+
+
+def _vela_io(data: bytes) -> tuple[VelaIo, ...]:
+    # int32 count, then per tensor: 6-D shape, element size, offset, region (9 x int32).
+    if len(data) < 4:
+        return ()
+    (count,) = struct.unpack_from("<i", data, 0)
+    out = []
+    for i in range(max(count, 0)):
+        if 4 + 36 * (i + 1) > len(data):
+            break
+        *shape, elem, offset, region = struct.unpack_from("<9i", data, 4 + 36 * i)
+        out.append(VelaIo(tuple(shape), elem, offset, region))
+    return tuple(out)
 
 
 def _delegate_size(program, delegate) -> int:

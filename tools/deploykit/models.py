@@ -29,7 +29,7 @@ from typing import Any
 from .errors import ConfigError
 
 MODELS_DIR = "models"
-KNOWN_FLOWS = ("portable_fp32", "cortex_m_int8")
+KNOWN_FLOWS = ("portable_fp32", "cortex_m_int8", "ethos_u_int8")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

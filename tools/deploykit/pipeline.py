@@ -174,7 +174,9 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
         "EXECUTORCH_SOURCE_DIR": str(ws.executorch_dir),
         "DK_CMSIS_NN_DIR": str(ws.path_of("cmsis-nn")),
         "DK_OPS_YAML": str(exported.ops_yaml_path.resolve()),
-        "DK_RUNTIME_CACHE_DIR": str((out.parent / "_runtime").resolve()),
+        # Runtime builds are keyed by sources, CPU flags and options, so every board and model
+        # with the same key shares one, wherever its output directory is.
+        "DK_ET_RUNTIME_CACHE_DIR": str(ws.root / "runtime-cache"),
     }
     if board.family == PICO_FAMILY:
         # Through the pico-sdk project (firmware/pico); the runtime is shared by every model

@@ -4,6 +4,12 @@
 `west update`, or, for projects given with `--source NAME=PATH[@REV]`, from a local git
 repository (bare or not) through `git archive`: the way to work behind a firewall.
 The workspace records what it holds in `deploykit-sources.json`; builds read only that.
+
+Board-specific projects (the pico-sdk for RP2350 boards, ...) are in west groups that the
+manifest's `group-filter` disables. They are *optional*: `setup` brings them only when their
+group is asked for (`--group pico`) or when they are given with `--source`, and a workspace
+without them is complete for every other board. A build that needs them calls
+`require_projects()`, which says how to add them.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ class Project:
     url: str
     revision: str
     path: str
+    groups: tuple[str, ...] = ()
+    optional: bool = False  # every group disabled by the manifest's group-filter
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,9 @@ class Workspace:
     def path_of(self, name: str) -> Path:
         return self.root / self.projects[name].path
 
+    def has(self, name: str) -> bool:
+        return name in self.projects and self.path_of(name).is_dir()
+
     @property
     def executorch_dir(self) -> Path:
         return self.path_of("executorch")
@@ -92,11 +103,16 @@ def read_manifest(path: Path | None = None) -> list[Project]:
     data = yaml.safe_load((path or manifest_path()).read_text())["manifest"]
     remotes = {r["name"]: r["url-base"] for r in data.get("remotes", [])}
     default_remote = data.get("defaults", {}).get("remote")
+    disabled = {g[1:] for g in data.get("group-filter", []) if g.startswith("-")}
     projects = []
     for p in data["projects"]:
         base = remotes[p.get("remote", default_remote)]
         url = p.get("url") or f"{base}/{p.get('repo-path', p['name'])}"
-        projects.append(Project(p["name"], url, str(p["revision"]), p.get("path", p["name"])))
+        groups = tuple(p.get("groups", ()))
+        # west: a project is inactive when all of its groups are disabled.
+        optional = bool(groups) and all(g in disabled for g in groups)
+        projects.append(Project(p["name"], url, str(p["revision"]), p.get("path", p["name"]),
+                                groups, optional))
     return projects
 
 
@@ -123,11 +139,28 @@ def load_workspace(explicit: Path | None = None) -> Workspace:
                 for p in data["projects"]}
     ws = Workspace(root, projects)
     for project in read_manifest():
+        if project.optional:
+            continue
         if project.name not in projects or not ws.path_of(project.name).is_dir():
             raise EnvironmentProblem(
                 f"The workspace at {root} lacks project '{project.name}'.",
                 "Run `deploykit setup` again.")
     return ws
+
+
+def require_projects(ws: Workspace, names: list[str], why: str) -> None:
+    """Raise EnvironmentProblem naming how to add the optional projects `names` lacks."""
+    pinned = {p.name: p for p in read_manifest()}
+    missing = [pinned[n] for n in names if not ws.has(n)]
+    if not missing:
+        return
+    groups = sorted({g for p in missing for g in p.groups})
+    lines = "\n".join(f"  --source {p.name}=PATH@{p.revision}   # {p.url}" for p in missing)
+    raise EnvironmentProblem(
+        f"{why} needs {', '.join(p.name for p in missing)}, which the workspace at {ws.root} "
+        "does not hold.",
+        f"Run `deploykit setup {' '.join(f'--group {g}' for g in groups)}`, or without GitHub "
+        f"access give them from local git copies:\n  deploykit setup \\\n{lines}")
 
 
 def _git(repo: Path, *args: str, text: bool = True) -> subprocess.CompletedProcess:
@@ -191,13 +224,21 @@ def _is_git_repo(path: Path) -> bool:
 
 
 def setup(workspace: Path | None = None, overrides: list[SourceOverride] | None = None,
-          progress: Callable[[str], None] = print) -> Workspace:
-    """Bring every manifest project into the workspace; return what it holds."""
+          progress: Callable[[str], None] = print,
+          groups: list[str] | None = None) -> Workspace:
+    """Bring every required manifest project into the workspace, plus the optional ones of
+    `groups` and those given in `overrides`; return what it holds."""
     root = workspace_dir(workspace)
     root.mkdir(parents=True, exist_ok=True)
-    projects = read_manifest()
-    by_name = {p.name: p for p in projects}
+    all_projects = read_manifest()
+    by_name = {p.name: p for p in all_projects}
     overrides = overrides or []
+    groups = list(groups or [])
+    known_groups = {g for p in all_projects for g in p.groups}
+    for g in groups:
+        if g not in known_groups:
+            raise ConfigError(f"--group {g}: no project of west.yml is in that group.",
+                              f"Groups: {', '.join(sorted(known_groups)) or '-'}.")
     for o in overrides:
         if o.name not in by_name:
             raise ConfigError(f"--source names '{o.name}', which is not a project of west.yml.",
@@ -212,6 +253,10 @@ def setup(workspace: Path | None = None, overrides: list[SourceOverride] | None 
     if state_path.exists():
         for p in json.loads(state_path.read_text())["projects"]:
             previous[p["name"]] = ProjectState(**{**p, "missing_files": tuple(p["missing_files"])})
+    # Optional projects: asked for by group or override, or already in the workspace.
+    projects = [p for p in all_projects
+                if not p.optional or p.name in chosen or p.name in previous
+                or set(p.groups) & set(groups)]
 
     states: dict[str, ProjectState] = {}
     reextracted: list[str] = []
@@ -245,15 +290,17 @@ def setup(workspace: Path | None = None, overrides: list[SourceOverride] | None 
                                             tuple(missing))
 
     if pending_west:
-        states.update(_west_update(root, pending_west, progress))
+        states.update(_west_update(root, pending_west, progress,
+                                   sorted({g for p in pending_west if p.optional
+                                           for g in p.groups})))
 
     ordered = [asdict(states[p.name]) for p in projects]
     write_atomic(state_path, json.dumps({"projects": ordered}, indent=2) + "\n")
     return load_workspace(root)
 
 
-def _west_update(root: Path, projects: list[Project],
-                 progress: Callable[[str], None]) -> dict[str, ProjectState]:
+def _west_update(root: Path, projects: list[Project], progress: Callable[[str], None],
+                 groups: list[str] | None = None) -> dict[str, ProjectState]:
     names = [p.name for p in projects]
     how = "\n".join(f"  --source {p.name}=PATH@{p.revision}   # {p.url}" for p in projects)
     hint = ("Without GitHub access, give each project from a local git copy:\n"
@@ -274,7 +321,9 @@ def _west_update(root: Path, projects: list[Project],
             if res.returncode != 0:
                 raise EnvironmentProblem("`west init` failed.", hint, log_path=str(log))
         progress(f"west update {' '.join(names)} (this downloads the pinned sources)")
-        res = subprocess.run([west, "update", "--narrow", "--fetch-opt=--depth=1", *names],
+        group_opts = [f"--group-filter=+{g}" for g in groups or []]
+        res = subprocess.run([west, "update", "--narrow", "--fetch-opt=--depth=1", *group_opts,
+                              *names],
                              cwd=root, stdout=out, stderr=subprocess.STDOUT, check=False)
     if res.returncode != 0:
         raise EnvironmentProblem(f"`west update` could not fetch {', '.join(names)}.", hint,
