@@ -82,7 +82,7 @@ def test_files_and_report(exports, case):
     assert "dk-oplist" not in r.ops_yaml_path.read_text()  # no temp path: reproducible
 
     with np.load(r.reference_path) as npz:
-        assert sorted(npz.files) == ["input_0", "output_0"]
+        assert sorted(npz.files) == ["eager_output_0", "input_0", "output_0"]
         np.testing.assert_array_equal(npz["input_0"], r.inputs[0])
         np.testing.assert_array_equal(npz["output_0"], r.host_outputs[0])
     assert r.inputs[0].dtype == np.float32 and r.host_outputs[0].dtype == np.float32
@@ -201,3 +201,17 @@ def test_bad_flow_and_cpu(tmp_path):
     with pytest.raises(ConfigError, match="not supported by the ExecuTorch Cortex-M backend"):
         export(spec, "cortex_m_int8", tmp_path, cpu="cortex-m99")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_load_export_round_trips(tmp_path):
+    from deploykit.export import load_export
+
+    r = export(load_model("mlp_mnist", REPO), "portable_fp32", tmp_path)
+    again = load_export(tmp_path)
+    assert again is not None
+    assert again.op_list == r.op_list and again.tolerance == r.tolerance
+    for a, b in zip(again.host_outputs, r.host_outputs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert again.input_dim_orders == r.input_dim_orders
+    (tmp_path / "export.json").unlink()
+    assert load_export(tmp_path) is None

@@ -43,10 +43,13 @@ Progress = Callable[[str], None]
 
 
 def _export_key(model_path: Path, flow: str, cpu: str, npu: dict | None = None) -> str:
-    """Everything an export depends on: the model file, flow, CPU, NPU settings (Vela target,
-    system config, memory mode), exporter and versions."""
+    """Everything an export depends on: the model file and the Python files beside it (a model
+    may import its neighbours, as mobilenet_v2_lrn imports mobilenet_v2), flow, CPU, NPU
+    settings (Vela target, system config, memory mode), exporter and versions."""
     h = hashlib.sha256()
-    for part in (model_path.read_bytes(), flow.encode(), cpu.encode(),
+    neighbours = sorted(model_path.parent.glob("*.py"))
+    for part in (model_path.read_bytes(), *(p.read_bytes() for p in neighbours),
+                 flow.encode(), cpu.encode(),
                  json.dumps(npu, sort_keys=True).encode(),
                  *((Path(__file__).parent / m).read_bytes() for m in ("export.py", "models.py")),
                  metadata.version("torch").encode(), metadata.version("executorch").encode()):
@@ -179,10 +182,9 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
         "DK_ET_RUNTIME_CACHE_DIR": str(ws.root / "runtime-cache"),
     }
     if board.family == PICO_FAMILY:
-        # Through the pico-sdk project (firmware/pico); the runtime is shared by every model
-        # built for this board (cmake/ExecuTorchRuntime.cmake's cache variable).
+        # Through the pico-sdk project (firmware/pico/), which takes the SDK (and picotool,
+        # when built) from this workspace.
         definitions["DK_WORKSPACE"] = str(ws.root)
-        definitions["DK_ET_RUNTIME_CACHE_DIR"] = definitions.pop("DK_RUNTIME_CACHE_DIR")
     firmware = build_image(board, generated, out / "firmware", "runner", definitions,
                            progress=progress)
     return BuiltModel(planned, firmware)
