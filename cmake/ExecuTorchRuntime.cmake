@@ -157,6 +157,10 @@ function(_dk_et_configure_runtime)
       -DCMAKE_TOOLCHAIN_FILE=${CMAKE_TOOLCHAIN_FILE}
       -DDK_GENERATED_DIR=${_rt}/board
       -DCMAKE_BUILD_TYPE=${DK_ET_BUILD_TYPE}
+      # The firmware's own flags (the toolchain's, plus any given on its command line), so the
+      # runtime is compiled for exactly the same ABI.
+      "-DCMAKE_C_FLAGS=${CMAKE_C_FLAGS}"
+      "-DCMAKE_CXX_FLAGS=${CMAKE_CXX_FLAGS}"
       -DEXECUTORCH_SOURCE_DIR=${EXECUTORCH_SOURCE_DIR}
       -DDK_CMSIS_NN_DIR=${DK_CMSIS_NN_DIR}
       -DDK_ET_LOGGING=${DK_ET_LOGGING}
