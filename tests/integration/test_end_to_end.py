@@ -43,3 +43,26 @@ def test_run_matches_host(tmp_path_factory, board, model, flow):
     with open(report.elf, "rb") as f:
         vectors = ELFFile(f).get_section_by_name(".vectors")
         assert vectors["sh_addr"] == load_board(board).region_for("vectors").origin
+
+
+def test_several_inputs_in_one_run(tmp_path):
+    import sys
+
+    import numpy as np
+
+    sys.path.insert(0, str(load_board("qemu-an505").path.parents[1] / "models"))
+    import mlp_mnist
+
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    labels = {}
+    for k, digit in enumerate("0147"):
+        np.save(samples / f"s{k}.npy", mlp_mnist.draw_digit(digit).numpy())
+        labels[f"s{k}"] = int(digit)
+    (samples / "labels.json").write_text(json.dumps(labels))
+    report = api.run("qemu-an505", "mlp_mnist", flow="cortex_m_int8", out=tmp_path / "out",
+                     inputs=samples)
+    assert report.passed, report.summary()
+    assert report.input_sets.count == 4 and report.input_sets.labelled == 4
+    assert report.input_sets.top1_agreement == 1.0
+    assert report.verdict.outputs[0].shape == (4, 1, 10)

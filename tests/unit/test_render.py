@@ -16,7 +16,7 @@ def _model_sources(pte: bytes = b"\x01\x02ET12" * 10) -> ModelSources:
                       planned_buffers=(112, 64))
     x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(1, 3, 4)
     y = np.arange(10, dtype=np.float32)
-    return ModelSources(pte, [x], [y], plan, "e4d02f41f7909e8ed5bf4a14ffc520d733453d9f",
+    return ModelSources(pte, [[x]], [y], plan, "e4d02f41f7909e8ed5bf4a14ffc520d733453d9f",
                         "flow=portable_fp32")
 
 
@@ -67,3 +67,16 @@ def test_generated_c_compiles_warning_free(tmp_path, board_name):
     subprocess.run(["arm-none-eabi-gcc", *board.cpu_flags, "-std=c11", "-Wall", "-Wextra",
                     "-Werror", "-I", str(tmp_path), "-c", str(probe), "-o",
                     str(tmp_path / "probe.o")], check=True)
+
+
+def test_several_input_sets_are_embedded_in_order(tmp_path):
+    plan = MemoryPlan("qemu-an547", (), (), method_pool=4096, temp_pool=1024,
+                      planned_buffers=(64,))
+    sets = [[np.full((2, 2), k, dtype=np.float32)] for k in range(3)]
+    render_model_files(ModelSources(b"pte", sets, [np.zeros(2, np.float32)], plan, "c", "b"),
+                       tmp_path)
+    header = (tmp_path / "model_io.h").read_text()
+    assert "#define DK_NUM_INPUT_SETS 3u" in header
+    source = (tmp_path / "model_io.c").read_text()
+    assert source.index("set0_input_0_data") < source.index("set2_input_0_data")
+    assert "dk_input_sets[3][1]" in source

@@ -205,13 +205,15 @@ def build(board: str, model: str, flow: str | None = None, out: Path | None = No
 def run(board: str, model: str, flow: str | None = None, out: Path | None = None,
         workspace: Path | None = None, timeout: float = 120.0, progress: Progress = _quiet,
         npu_macs: int | None = None, npu_memory_mode: str | None = None,
-        port: str | None = None, probe: str | None = None):
+        port: str | None = None, probe: str | None = None, inputs: Path | None = None):
+    """Build, run on the board's runner, compare with the host. `inputs`: a directory of
+    samples (input_sets.py) run in one firmware run instead of the example inputs."""
     from .pipeline import run_firmware
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
     return run_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
                         workspace, timeout, progress,
-                        runner_options={"port": port, "probe": probe})
+                        runner_options={"port": port, "probe": probe}, inputs_dir=inputs)
 
 
 def flash(board: str, *, model: str | None = None, image: Path | None = None,

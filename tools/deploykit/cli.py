@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds before a silent simulator is killed (default 120)")
+    p.add_argument("--inputs", type=Path, metavar="DIR",
+                   help="run every sample in DIR (NAME.npy, NAME.npz with input_0.., or "
+                   "NAME.pt; optional labels.json of NAME -> class) in one firmware run and "
+                   "report agreement and accuracy over them")
     _board_selection(p)
 
     p = sub.add_parser("flash", help="flash a built firmware onto a board (picotool, the "
@@ -204,7 +208,8 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         out.result(fw, fw.summary())
         return 0
     if cmd == "run":
-        report = api.run(**common, timeout=args.timeout, port=args.port, probe=args.probe)
+        report = api.run(**common, timeout=args.timeout, port=args.port, probe=args.probe,
+                         inputs=args.inputs)
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
     raise AssertionError(cmd)

@@ -160,6 +160,10 @@ class ExportResult:
     kernel_calls: dict[str, int]
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # The input sets the firmware runs, in order, with the host reference of each: the
+    # example inputs alone, or the samples of `deploykit run --inputs DIR`.
+    input_sets: list[list[np.ndarray]] = field(default_factory=list)
+    reference_sets: list[list[np.ndarray]] = field(default_factory=list)
 
 
 def memory_order_bytes(array: np.ndarray, dim_order: list[int]) -> bytes:
@@ -364,12 +368,17 @@ def _flow_portable_fp32(spec: ModelSpec, st: _Stages) -> dict[str, Any]:
         from executorch.runtime import Runtime
 
         method = Runtime.get().load_program(pte).load_method("forward")
-        reference = _flatten_tensors(list(method.execute([t.clone() for t in inputs])))
+
+        def reference_fn(xs: tuple[Any, ...]) -> list[Any]:
+            return _flatten_tensors(list(method.execute([t.clone().contiguous() for t in xs])))
+
+        reference = reference_fn(inputs)
     with st.step("eager reference"), torch.no_grad():
         eager = _flatten_tensors(spec.module(*[t.clone() for t in inputs]))
     return {"pte": pte, "reference": reference, "eager": eager, "inputs": inputs,
             "input_quant": [None] * len(inputs), "output_quant": [None] * len(reference),
-            "dialect_check": None, "extra": {}}
+            "dialect_check": None, "extra": {}, "reference_fn": reference_fn,
+            "prepare_input": lambda t: t.clone().contiguous()}
 
 
 def _qparams_from_node_args(args: tuple[Any, ...]) -> QuantParams:
@@ -461,10 +470,15 @@ def _flow_cortex_m_int8(spec: ModelSpec, st: _Stages, cpu: str) -> dict[str, Any
         dialect_check = _dialect_check(lowered, inputs, reference, output_quant)
     with st.step("to_executorch"):
         pte = bytes(edge.to_executorch().buffer)
+    def reference_fn(xs: tuple[Any, ...]) -> list[Any]:
+        with torch.no_grad():
+            return _flatten_tensors(converted(*[t.clone() for t in xs]))
+
     return {"pte": pte, "reference": reference, "eager": eager, "inputs": inputs,
             "input_quant": input_quant, "output_quant": output_quant,
             "dialect_check": dialect_check,
-            "extra": {"cpu": target.target_string, "cmsis_nn_backend": target.backend.name}}
+            "extra": {"cpu": target.target_string, "cmsis_nn_backend": target.backend.name},
+            "reference_fn": reference_fn, "prepare_input": nhwc}
 
 
 def _dialect_check(lowered: Any, inputs: tuple[Any, ...], reference: list[Any],
@@ -798,7 +812,8 @@ def _versions() -> dict[str, str]:
 
 
 def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
-           npu: dict[str, Any] | None = None) -> ExportResult:
+           npu: dict[str, Any] | None = None,
+           input_sets: list[tuple[Any, ...]] | None = None) -> ExportResult:
     """Export `spec` through `flow` into `out_dir` (see the module docstring).
 
     `npu` (ethos_u_int8 only) is the board's NPU: its `npu:` section with any --npu-macs /
@@ -840,6 +855,7 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
             with st.step("gen_oplist"), tempfile.TemporaryDirectory(prefix="dk-oplist-") as tmp:
                 ops_yaml = _gen_oplist(pte, Path(tmp))
                 op_list = _ops_from_yaml(ops_yaml)
+            set_inputs, set_references = _reference_sets(art, input_sets, st)
         export_seconds = round(time.perf_counter() - t_start, 3)
 
         inputs_np = [_to_numpy(t) for t in art["inputs"]]
@@ -871,7 +887,11 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
                  **{f"output_{i}": a for i, a in enumerate(reference_np)},
                  **{f"eager_output_{i}": a for i, a in enumerate(eager_np)},
                  **{f"pt2e_output_{i}": _to_numpy(t)
-                    for i, t in enumerate(art.get("pt2e_reference") or [])})
+                    for i, t in enumerate(art.get("pt2e_reference") or [])},
+                 **{f"set{k}_input_{i}": a for k, xs in enumerate(set_inputs)
+                    for i, a in enumerate(xs)},
+                 **{f"set{k}_output_{i}": a for k, ys in enumerate(set_references)
+                    for i, a in enumerate(ys)})
 
         report = {
             "schema_version": REPORT_SCHEMA_VERSION,
@@ -941,7 +961,27 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
         export_seconds=export_seconds, pte_size=len(pte), pte_sha256=pte_sha,
         planned_buffer_sizes=info.planned_buffer_sizes, kernel_calls=info.kernel_calls,
         timings=dict(st.timings), warnings=warn,
+        input_sets=set_inputs or [inputs_np], reference_sets=set_references or [reference_np],
     )
+
+
+def _reference_sets(art: dict[str, Any], input_sets: list[tuple[Any, ...]] | None,
+                    st: _Stages) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]]]:
+    """Host reference outputs for each extra input set (`deploykit run --inputs DIR`)."""
+    if not input_sets:
+        return [], []
+    fn = art.get("reference_fn")
+    if fn is None:
+        raise ConfigError("This export flow cannot compute host references for an input set.",
+                          "Run without --inputs (the model's example inputs are used).")
+    prepare = art["prepare_input"]
+    inputs, references = [], []
+    with st.step(f"host reference for {len(input_sets)} input set(s)"):
+        for sample in input_sets:
+            xs = tuple(prepare(t) for t in sample)
+            inputs.append([_to_numpy(t) for t in xs])
+            references.append([_to_numpy(t) for t in fn(xs)])
+    return inputs, references
 
 
 def load_export(out_dir: Path) -> ExportResult | None:
@@ -965,7 +1005,12 @@ def load_export(out_dir: Path) -> ExportResult | None:
         return [QuantParams(**e["quant"]) if e["quant"] else None for e in entries]
 
     n_in, n_out = len(report["inputs"]), len(report["outputs"])
+    n_sets = sum(1 for k in arrays if k.startswith("set") and k.endswith("_input_0"))
+    input_sets = [series(f"set{k}_input", n_in) for k in range(n_sets)]
+    reference_sets = [series(f"set{k}_output", n_out) for k in range(n_sets)]
     return ExportResult(
+        input_sets=input_sets or [series("input", n_in)],
+        reference_sets=reference_sets or [series("output", n_out)],
         flow=report["flow"], cpu=report["cpu"], model_name=report["model"],
         pte_path=out_dir / PTE_NAME, report_path=report_path,
         reference_path=out_dir / REFERENCE_NAME, ops_yaml_path=out_dir / OPS_YAML_NAME,

@@ -28,6 +28,7 @@ from .export import ExportResult, load_export, memory_order_bytes
 from .export import export as export_model
 from .firmware_build import PICO_FAMILY, PICO_PROJECTS, Firmware, build_image
 from .fsutil import write_atomic
+from .input_sets import load_input_sets
 from .inspect_pte import ProgramInfo, inspect_pte
 from .jsonable import to_jsonable
 from .models import load_model, resolve_model_path
@@ -37,19 +38,20 @@ from .protocol import RunRecords
 from .render import ModelSources, render_board_files, render_model_files
 from .runners import runner_for_board
 from .sources import check_executorch_commit, load_workspace, read_manifest, require_projects
-from .validate import Tolerance, Verdict, compare_outputs
+from .validate import Tolerance, Verdict, compare_sets
 
 Progress = Callable[[str], None]
 
 
-def _export_key(model_path: Path, flow: str, cpu: str, npu: dict | None = None) -> str:
+def _export_key(model_path: Path, flow: str, cpu: str, npu: dict | None = None,
+                inputs_digest: str = "") -> str:
     """Everything an export depends on: the model file and the Python files beside it (a model
     may import its neighbours, as mobilenet_v2_lrn imports mobilenet_v2), flow, CPU, NPU
     settings (Vela target, system config, memory mode), exporter and versions."""
     h = hashlib.sha256()
     neighbours = sorted(model_path.parent.glob("*.py"))
     for part in (model_path.read_bytes(), *(p.read_bytes() for p in neighbours),
-                 flow.encode(), cpu.encode(),
+                 flow.encode(), cpu.encode(), inputs_digest.encode(),
                  json.dumps(npu, sort_keys=True).encode(),
                  *((Path(__file__).parent / m).read_bytes() for m in ("export.py", "models.py")),
                  metadata.version("torch").encode(), metadata.version("executorch").encode()):
@@ -79,13 +81,22 @@ def _native_output_to(log: Path) -> Iterator[None]:
 
 
 def export_stage(board: Board, model: str, flow: str, out: Path,
-                 progress: Progress) -> ExportResult:
-    """Export, or reuse a finished export whose inputs (export-key) are unchanged."""
+                 progress: Progress, *, inputs_dir: Path | None = None) -> ExportResult:
+    """Export, or reuse a finished export whose inputs (export-key) are unchanged.
+
+    With `inputs_dir`, the host reference is also computed for every sample there
+    (input_sets.py), and the firmware runs them all.
+    """
     _name, model_path = resolve_model_path(model, repo_root())
     export_dir = out / "export"
     npu = npu_config(board)
     npu_settings = npu.export_settings() if npu is not None and flow == "ethos_u_int8" else None
-    key = _export_key(model_path, flow, board.cpu["core"], npu_settings)
+    spec = input_sets = None
+    if inputs_dir is not None:
+        spec = load_model(model, repo_root())
+        input_sets = load_input_sets(inputs_dir, spec.example_inputs)
+    key = _export_key(model_path, flow, board.cpu["core"], npu_settings,
+                      input_sets.digest if input_sets else "")
     key_file = export_dir / "export-key"
     if key_file.exists() and key_file.read_text() == key:
         cached = load_export(export_dir)
@@ -98,8 +109,12 @@ def export_stage(board: Board, model: str, flow: str, out: Path,
     progress(f"exporting {model} with the {flow} flow for {target} "
              f"(native library output: {export_dir / 'export-native.log'})")
     with _native_output_to(export_dir / "export-native.log"):
-        spec = load_model(model, repo_root())
-        result = export_model(spec, flow, export_dir, cpu=board.cpu["core"], npu=npu_settings)
+        spec = spec or load_model(model, repo_root())
+        result = export_model(spec, flow, export_dir, cpu=board.cpu["core"], npu=npu_settings,
+                              input_sets=list(input_sets.samples) if input_sets else None)
+    if input_sets is not None:
+        write_atomic(export_dir / "labels.json", json.dumps(
+            {"names": list(input_sets.names), "labels": list(input_sets.labels)}) + "\n")
     write_atomic(key_file, key)
     return result
 
@@ -127,8 +142,8 @@ def plan_stage(board: Board, model: str, flow: str, out: Path,
 
 
 def _export_and_plan(board: Board, model: str, flow: str, out: Path,
-                     progress: Progress) -> PlannedModel:
-    exported = export_stage(board, model, flow, out, progress)
+                     progress: Progress, inputs_dir: Path | None = None) -> PlannedModel:
+    exported = export_stage(board, model, flow, out, progress, inputs_dir=inputs_dir)
     program = inspect_pte(exported.pte_path)
     plan = plan_memory(board, program)
     write_atomic(out / "plan.json", json.dumps(_plan_json(plan), indent=2) + "\n")
@@ -154,23 +169,24 @@ class BuiltModel:
 
 
 def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path | None,
-                   progress: Progress) -> BuiltModel:
+                   progress: Progress, *, inputs_dir: Path | None = None) -> BuiltModel:
     ws = load_workspace(workspace)  # before the slow export: fail fast without sources
     et_commit = check_executorch_commit(ws)
     if board.family == PICO_FAMILY:
         require_projects(ws, PICO_PROJECTS, f"The {board.name} firmware")
-    planned = _export_and_plan(board, model, flow, out, progress)
+    planned = _export_and_plan(board, model, flow, out, progress, inputs_dir)
     if flow == "ethos_u_int8":
         progress(f"memory plan (fits):\n{planned.plan.table(items=True)}")
         _require_ethos_u_sources(board, ws, out)
     exported = planned.export
     generated = out / "generated"
     render_board_files(board, generated)
-    inputs = [np.frombuffer(memory_order_bytes(a, order), dtype=a.dtype).reshape(a.shape)
-              for a, order in zip(exported.inputs, exported.input_dim_orders, strict=True)]
+    input_sets = [[np.frombuffer(memory_order_bytes(a, order), dtype=a.dtype).reshape(a.shape)
+                   for a, order in zip(arrays, exported.input_dim_orders, strict=True)]
+                  for arrays in exported.input_sets]
     render_model_files(ModelSources(
-        pte=exported.pte_path.read_bytes(), inputs=inputs,
-        expected_outputs=exported.host_outputs, plan=planned.plan, et_commit=et_commit,
+        pte=exported.pte_path.read_bytes(), input_sets=input_sets,
+        expected_outputs=exported.reference_sets[0], plan=planned.plan, et_commit=et_commit,
         build_info=f"flow={flow} cpu={board.cpu['core']}"), generated)
     progress("building the firmware (the ExecuTorch runtime is cached per board and options)")
     definitions = {
@@ -235,6 +251,7 @@ class RunReport:
     cause: str = ""
     log: Path | None = None
     device_outputs: list[list[float]] = field(default_factory=list)
+    input_sets: SetStatistics | None = None
     # Every decoded record of the run (for the HIL plugin); not part of the JSON report.
     records: RunRecords | None = field(default=None, repr=False, metadata={"json": False})
 
@@ -252,12 +269,17 @@ class RunReport:
                     + f" (atol {o.tolerance.atol:.3g}) {'ok' if o.passed else 'MISMATCH'}"
                     + (f": {o.problem}" if o.problem else ""))
             lines.append(f"  reference: {self.reference_kind}")
+        if self.input_sets and self.input_sets.count > 1:
+            lines.append(f"  {self.input_sets.describe()}")
         for i, values in enumerate(self.device_outputs):
             shown = ", ".join(f"{v:.5g}" for v in values[:10])
             lines.append(f"  device output {i}: [{shown}{', ...' if len(values) > 10 else ''}]")
         if self.ticks is not None:
+            per = self.input_sets.count if self.input_sets else 1
             lines.append(f"  execute: {self.ticks:,} ticks at {self.tick_hz:,} Hz"
-                         + (f" = ~{self.instructions_estimate:,.0f} instructions (QEMU icount)"
+                         + (f" for {per} inferences" if per > 1 else "")
+                         + (f" = ~{self.instructions_estimate:,.0f} instructions per inference "
+                            "(QEMU icount)"
                             if self.instructions_estimate else ""))
         for name, (used, cap) in sorted(self.memory.items()):
             lines.append(f"  {name:<14} peak {used:>9,} B of {cap:>9,} B")
@@ -268,8 +290,9 @@ class RunReport:
 
 def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path | None,
                  timeout: float, progress: Progress,
-                 runner_options: dict | None = None) -> RunReport:
-    built = build_firmware(board, model, flow, out, workspace, progress)
+                 runner_options: dict | None = None, *,
+                 inputs_dir: Path | None = None) -> RunReport:
+    built = build_firmware(board, model, flow, out, workspace, progress, inputs_dir=inputs_dir)
     exported = built.planned.export
     runner = runner_for_board(board, **_runner_options(board, runner_options, workspace,
                                                        progress))
@@ -277,11 +300,18 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
     result = runner.run(built.firmware.elf, out, timeout_s=timeout, check=False)
     outcome = result.outcome()
     records = result.records
-    device = []
-    for i, order in enumerate(exported.output_dim_orders):
-        t = records.tensors.get(i)
-        device.append(None if t is None else _logical(t.data, order))
-    verdict = compare_outputs(device, exported.host_outputs, Tolerance(**exported.tolerance))
+    # Output i of input set k arrives as tensor k * outputs + i (docs/protocol.md).
+    n_out = len(exported.output_dim_orders)
+    device_sets = []
+    for k in range(len(exported.input_sets)):
+        device = []
+        for i, order in enumerate(exported.output_dim_orders):
+            t = records.tensors.get(k * n_out + i)
+            device.append(None if t is None else _logical(t.data, order))
+        device_sets.append(device)
+    verdict = compare_sets(device_sets, exported.reference_sets, Tolerance(**exported.tolerance))
+    device = device_sets[0]
+    sets = _set_statistics(device_sets, exported.reference_sets, out / "export" / "labels.json")
     if not outcome.ok:
         exit_code, cause = outcome.exit_code, outcome.cause
     elif not verdict.passed:
@@ -293,7 +323,8 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
         board=board.name, model=exported.model_name, flow=flow, passed=exit_code == ExitCode.OK,
         exit_code=exit_code, verdict=verdict, reference_kind=exported.reference_kind,
         ticks=timing.ticks if timing else None, tick_hz=timing.tick_hz if timing else None,
-        instructions_estimate=result.instructions_estimate,
+        instructions_estimate=result.instructions_per_iteration_estimate,
+        input_sets=sets,
         memory=dict(records.memory.entries) if records.memory else {},
         elf=built.firmware.elf, flash_bytes=built.firmware.sizes.flash_total, cause=cause,
         log=result.console_log,
@@ -318,6 +349,47 @@ def _runner_options(board: Board, options: dict | None, workspace: Path | None,
         raise ConfigError(f"--port/--probe select a physical board; {board.name} runs on "
                           f"{board.runner.get('kind')}.", "Leave them out for this board.")
     return opts
+
+
+@dataclass(frozen=True)
+class SetStatistics:
+    """Aggregates over the input sets of one run (`deploykit run --inputs DIR`)."""
+
+    count: int
+    top1_agreement: float | None  # fraction of sets whose device top-1 equals the host's
+    accuracy_device: float | None  # device top-1 vs labels.json, when labels were given
+    accuracy_host: float | None
+    labelled: int = 0
+
+    def describe(self) -> str:
+        parts = [f"{self.count} input sets"]
+        if self.top1_agreement is not None:
+            parts.append(f"device/host top-1 agreement {self.top1_agreement:.1%}")
+        if self.accuracy_device is not None:
+            parts.append(f"accuracy on {self.labelled} labels: device "
+                         f"{self.accuracy_device:.1%}, host {self.accuracy_host:.1%}")
+        return ", ".join(parts)
+
+
+def _set_statistics(device_sets: list[list[np.ndarray | None]],
+                    host_sets: list[list[np.ndarray]], labels_file: Path) -> SetStatistics:
+    """Top-1 agreement and label accuracy on output 0, for classifier-shaped outputs."""
+    pairs = [(d[0], h[0]) for d, h in zip(device_sets, host_sets, strict=True)
+             if d and d[0] is not None and h[0].ndim >= 1 and h[0].shape[-1] > 1]
+    if not pairs:
+        return SetStatistics(len(device_sets), None, None, None)
+    device_top = [int(np.asarray(d).reshape(-1, d.shape[-1])[0].argmax()) for d, _ in pairs]
+    host_top = [int(np.asarray(h).reshape(-1, h.shape[-1])[0].argmax()) for _, h in pairs]
+    agree = sum(a == b for a, b in zip(device_top, host_top, strict=True)) / len(pairs)
+    labels: list[int | None] = []
+    if labels_file.exists():
+        labels = json.loads(labels_file.read_text())["labels"]
+    known = [(i, lab) for i, lab in enumerate(labels) if lab is not None and i < len(pairs)]
+    if not known:
+        return SetStatistics(len(device_sets), agree, None, None)
+    acc_dev = sum(device_top[i] == lab for i, lab in known) / len(known)
+    acc_host = sum(host_top[i] == lab for i, lab in known) / len(known)
+    return SetStatistics(len(device_sets), agree, acc_dev, acc_host, len(known))
 
 
 def _logical(data: np.ndarray, dim_order: list[int]) -> np.ndarray:

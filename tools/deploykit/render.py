@@ -44,7 +44,7 @@ class ModelSources:
     """What the model-specific templates need."""
 
     pte: bytes
-    inputs: Sequence[np.ndarray]
+    input_sets: Sequence[Sequence[np.ndarray]]  # one or more sets, each in memory order
     expected_outputs: Sequence[np.ndarray]
     plan: MemoryPlan
     et_commit: str
@@ -122,12 +122,16 @@ def _tensor_context(arrays: Sequence[np.ndarray], prefix: str) -> list[dict[str,
 def render_model_files(model: ModelSources, out_dir: Path) -> GeneratedSources:
     """The embedded `.pte`, pool sizes, inputs and host-expected outputs."""
     pte_sha = hashlib.sha256(model.pte).hexdigest()
-    inputs = _tensor_context(model.inputs, "input")
+    input_sets = [_tensor_context(arrays, f"set{k}_input")
+                  for k, arrays in enumerate(model.input_sets)]
+    inputs = [t for tensors in input_sets for t in tensors]
     context = {
         "pte": model.pte,
         "pte_sha256": pte_sha[:16],
         "inputs_sha256": hashlib.sha256(b"".join(t["data"] for t in inputs)).hexdigest()[:16],
         "inputs": inputs,
+        "input_sets": input_sets,
+        "num_inputs": len(input_sets[0]),
         "expected": _tensor_context(model.expected_outputs, "expected"),
         "method_pool": model.plan.method_pool,
         "temp_pool": model.plan.temp_pool,

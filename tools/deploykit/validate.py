@@ -81,3 +81,20 @@ def compare_outputs(device: Sequence[np.ndarray | None], host: Sequence[np.ndarr
         results.append(OutputComparison(len(host), (), float("inf"), float("inf"), 0.0, None,
                                         tolerance, False, f"{extra} unexpected extra output(s)"))
     return Verdict(tuple(results))
+
+
+def compare_sets(device_sets: Sequence[Sequence[np.ndarray | None]],
+                 host_sets: Sequence[Sequence[np.ndarray]], tolerance: Tolerance) -> Verdict:
+    """Compare several input sets at once: each output is stacked across the sets, so the
+    metrics (max and mean abs error, cosine, top-1) cover every set."""
+    if len(host_sets) == 1:
+        return compare_outputs(device_sets[0], host_sets[0], tolerance)
+    stacked_host = [np.stack([h[i] for h in host_sets]) for i in range(len(host_sets[0]))]
+    stacked_device: list[np.ndarray | None] = []
+    for i in range(len(host_sets[0])):
+        parts = [d[i] if i < len(d) else None for d in device_sets]
+        if any(p is None or p.shape != host_sets[0][i].shape for p in parts):
+            stacked_device.append(None)
+        else:
+            stacked_device.append(np.stack(parts))
+    return compare_outputs(stacked_device, stacked_host, tolerance)

@@ -1,0 +1,315 @@
+/*
+ * board.c: the board API (dk_board.h) for the RP2350 (Raspberry Pi Pico 2) over the pico-sdk.
+ *
+ * Start-up is the SDK's (crt0, runtime_init); dk_board_init() runs as the first static
+ * constructor, before ExecuTorch's, and again harmlessly from main().
+ *
+ *   console   the SDK's stdio (USB CDC and/or UART, as the board file's `stdio` says), through
+ *             the serial link of dk_link.h: every result byte is kept in a RAM transcript and
+ *             sent when the host asks for it, so a host that opens the port late loses nothing
+ *   timer     the 64-bit microsecond timer (time_us_64), DK_TIMER_HZ = 1 MHz
+ *   exit      no semihosting on a board: dk_exit() serves the transcript forever
+ *   faults    HardFault, MemManage, BusFault, UsageFault and SecureFault (enabled separately)
+ *             are reported as log + fault + done(2) records. They are appended to the
+ *             transcript without any I/O (USB cannot run at fault priority); the transcript is
+ *             described in watchdog scratch registers 0-3, the chip reboots through the
+ *             watchdog, and the next boot serves the saved transcript instead of running main()
+ *   stack     core 0's stack is the board file's `stack` region (SCRATCH_X + SCRATCH_Y), painted
+ *             at init; MSPLIM is set to its limit so an overflow faults (CFSR.STKOF)
+ *   heap      _sbrk is bounded by the board file's heap_size and records its high-water mark
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "board_config.h"
+#include "dk_board.h"
+#include "dk_link.h"
+#include "dk_protocol.h"
+#include "hardware/irq.h"
+#include "hardware/structs/watchdog.h"
+#include "hardware/watchdog.h"
+#include "pico/stdlib.h"
+
+#if !defined(DK_CONSOLE_PICO_STDIO)
+#error "the rp2350 family supports console kind pico-stdio only"
+#endif
+#if !defined(DK_TIMER_PICO_TIMER)
+#error "the rp2350 family supports timer kind pico-timer only"
+#endif
+_Static_assert(DK_TIMER_HZ == 1000000u, "pico-timer runs at 1 MHz (time_us_64)");
+
+#ifndef DK_LINK_TRANSCRIPT_BYTES
+#define DK_LINK_TRANSCRIPT_BYTES 16384
+#endif
+
+/* Linker symbols (firmware/boards/rp2350/sections.ld). */
+extern uint32_t __dk_stack_limit[];
+extern uint32_t __dk_stack_top[];
+extern uint8_t __dk_heap_start[];
+extern uint8_t __dk_heap_end[];
+
+#define REG32(addr) (*(volatile uint32_t *)(addr))
+/* Architectural System Control Space registers (Armv8-M), not board facts. */
+#define DK_SCB_SHCSR 0xE000ED24u
+#define DK_SCB_CFSR 0xE000ED28u
+#define DK_SCB_HFSR 0xE000ED2Cu
+#define DK_SCB_MMFAR 0xE000ED34u
+#define DK_SCB_BFAR 0xE000ED38u
+#define SHCSR_FAULTS_ENA ((1u << 16) | (1u << 17) | (1u << 18) | (1u << 19))
+#define CFSR_STKOF (1u << 20)
+#define DK_STACK_PAINT 0xDEADBEEFu
+#define DK_FAULT_STACK_BYTES 1024u
+
+/* Watchdog scratch 0-3 describe a transcript saved by the fault handler (the SDK's
+ * watchdog_reboot uses 4-7). */
+#define DK_SAVED_MAGIC 0xD3F4017Bu
+
+/* The transcript lives in .uninitialized_data: not zeroed at start-up, so it survives the
+ * watchdog reboot after a fault. */
+static uint8_t __uninitialized_ram(dk_transcript)[DK_LINK_TRANSCRIPT_BYTES]
+    __attribute__((aligned(4)));
+
+/* ---- the serial link's port: the SDK's stdio drivers, raw (no CR/LF translation) ---- */
+
+static size_t dk_port_read(void *buf, size_t len) {
+  const int n = stdio_get_until((char *)buf, (int)len, get_absolute_time());
+  return n > 0 ? (size_t)n : 0u;
+}
+
+static void dk_port_write(const void *buf, size_t len) {
+  stdio_put_string((const char *)buf, (int)len, false, false);
+  stdio_flush();
+}
+
+static uint64_t dk_port_now_us(void) { return time_us_64(); }
+
+/* USB is serviced by stdio_usb's background interrupt; just wait a little. */
+static void dk_port_idle(void) { busy_wait_us_32(100u); }
+
+static const dk_link_port_t dk_port = {dk_port_read, dk_port_write, dk_port_now_us, dk_port_idle};
+
+/* ---- init ---- */
+
+static int dk_board_ready;
+
+static void dk_paint_stack(void) {
+  uint32_t sp;
+  __asm__ volatile("mov %0, sp" : "=r"(sp));
+  /* Leave the live part (and a margin for this function's frame) alone. */
+  for (volatile uint32_t *p = __dk_stack_limit; (uintptr_t)p + 64u < sp; ++p) *p = DK_STACK_PAINT;
+}
+
+/* 1: a valid transcript was saved by the fault handler (its length in *used); -1: a fault
+ * reboot whose transcript did not survive; 0: a normal boot. Clears the marker either way. */
+static int dk_saved_transcript(size_t *used) {
+  if (!watchdog_caused_reboot() || watchdog_hw->scratch[0] != DK_SAVED_MAGIC) return 0;
+  const uint32_t n = watchdog_hw->scratch[1];
+  const uint32_t crc = watchdog_hw->scratch[2];
+  const uint32_t where = watchdog_hw->scratch[3];
+  watchdog_hw->scratch[0] = 0u;
+  if (where != (uint32_t)(uintptr_t)dk_transcript || n == 0u || n > sizeof dk_transcript ||
+      dk_crc32(0u, dk_transcript, n) != crc)
+    return -1;
+  *used = n;
+  return 1;
+}
+
+void dk_board_init(void) {
+  if (dk_board_ready) return;
+  dk_board_ready = 1;
+  dk_paint_stack();
+  __asm__ volatile("msr msplim, %0" ::"r"(__dk_stack_limit));
+  /* Report MemManage, BusFault, UsageFault and SecureFault as themselves, not as HardFault. */
+  REG32(DK_SCB_SHCSR) |= SHCSR_FAULTS_ENA;
+  __asm__ volatile("dsb\n\tisb" ::: "memory");
+  stdio_init_all();
+  size_t saved = 0u;
+  const int replay = dk_saved_transcript(&saved);
+  dk_link_init(&dk_port, dk_transcript, sizeof dk_transcript, replay == 1 ? saved : 0u);
+  if (replay == 1) dk_link_serve_forever(); /* the run faulted: serve its report, run nothing */
+  if (replay == -1) {
+    dk_send_log("fault: the board faulted and rebooted, but the saved report was corrupted");
+    dk_send_done(DK_STATUS_FAULT);
+    dk_link_serve_forever();
+  }
+}
+
+/* Before ExecuTorch's kernel registration and every other constructor. */
+__attribute__((constructor(101))) static void dk_board_ctor(void) { dk_board_init(); }
+
+/* ---- console, timer, exit ---- */
+
+void dk_console_write(const void *data, size_t len) { dk_link_write(data, len); }
+
+/* Host input belongs to the serial link (REQUEST/ACK); the firmware gets none. */
+size_t dk_console_read(void *buf, size_t len) {
+  (void)buf;
+  (void)len;
+  return 0u;
+}
+
+uint64_t dk_ticks(void) { return time_us_64(); }
+
+uint32_t dk_tick_hz(void) { return DK_TIMER_HZ; }
+
+void dk_exit(int status) {
+  (void)status; /* already in the `done` record */
+  dk_link_serve_forever();
+}
+
+/* ---- stack and heap ---- */
+
+size_t dk_stack_size(void) {
+  return (size_t)((uintptr_t)__dk_stack_top - (uintptr_t)__dk_stack_limit);
+}
+
+size_t dk_stack_used(void) {
+  const volatile uint32_t *p = __dk_stack_limit;
+  const uintptr_t top = (uintptr_t)__dk_stack_top;
+  while ((uintptr_t)p < top && *p == DK_STACK_PAINT) ++p;
+  return (size_t)(top - (uintptr_t)p);
+}
+
+static uint8_t *dk_brk;
+static size_t dk_brk_max;
+
+/* newlib's heap, bounded by the board file's heap_size (overrides the SDK's weak _sbrk). */
+void *_sbrk(int incr) {
+  if (dk_brk == NULL) dk_brk = __dk_heap_start;
+  uint8_t *prev = dk_brk;
+  if ((incr > 0 && (size_t)incr > (size_t)(__dk_heap_end - dk_brk)) ||
+      (incr < 0 && (size_t)(-incr) > (size_t)(dk_brk - __dk_heap_start)))
+    return (void *)-1;
+  dk_brk += incr;
+  const size_t used = (size_t)(dk_brk - __dk_heap_start);
+  if (used > dk_brk_max) dk_brk_max = used;
+  return prev;
+}
+
+size_t dk_heap_size(void) { return (size_t)(__dk_heap_end - __dk_heap_start); }
+
+size_t dk_heap_used(void) { return dk_brk_max; }
+
+/* ---- interrupts ---- */
+
+int dk_irq_set_handler(unsigned irq, void (*handler)(void)) {
+  if (irq >= NUM_IRQS) return -1;
+  if (handler == NULL) {
+    irq_set_enabled(irq, false);
+    return 0;
+  }
+  const irq_handler_t current = irq_get_exclusive_handler(irq);
+  if ((current != NULL && current != handler) || (current == NULL && irq_has_handler(irq)))
+    return -1; /* the SDK (USB, timers) owns it */
+  if (current == NULL) irq_set_exclusive_handler(irq, handler);
+  irq_set_enabled(irq, true);
+  return 0;
+}
+
+/* ---- fault report ---- */
+
+static const char *dk_exception_name(uint32_t exc) {
+  switch (exc) {
+    case 2: return "NMI";
+    case 3: return "HardFault";
+    case 4: return "MemManage";
+    case 5: return "BusFault";
+    case 6: return "UsageFault";
+    case 7: return "SecureFault";
+    default: return exc >= 16u ? "unhandled IRQ" : "exception";
+  }
+}
+
+/* "fault: <name> (exception <n>)" without printf. */
+static void dk_log_exception(uint32_t exc) {
+  char buf[64];
+  size_t n = 0u;
+  const char *parts[3] = {"fault: ", dk_exception_name(exc), " (exception "};
+  for (size_t i = 0u; i < 3u; ++i)
+    for (const char *s = parts[i]; *s && n < sizeof buf - 12u; ++s) buf[n++] = *s;
+  char digits[10];
+  size_t d = 0u;
+  do {
+    digits[d++] = (char)('0' + exc % 10u);
+    exc /= 10u;
+  } while (exc && d < sizeof digits);
+  while (d) buf[n++] = digits[--d];
+  buf[n++] = ')';
+  dk_send_log_n(buf, n);
+}
+
+static uint32_t dk_fault_stack[DK_FAULT_STACK_BYTES / 4u] __attribute__((aligned(8)));
+uint32_t *const dk_fault_stack_top = &dk_fault_stack[DK_FAULT_STACK_BYTES / 4u];
+static volatile int dk_in_fault;
+
+DK_NORETURN void dk_fault_report(const uint32_t *frame, uint32_t exc_return);
+
+/* Every fault vector. Takes the stacked frame from MSP or PSP (EXC_RETURN bit 2), clears
+ * MSPLIM, moves to a private stack (the main one may have overflowed) and reports. */
+__attribute__((naked, used)) void isr_hardfault(void) {
+  __asm__ volatile(
+      "tst lr, #4\n\t"
+      "ite eq\n\t"
+      "mrseq r0, msp\n\t"
+      "mrsne r0, psp\n\t"
+      "mov r1, lr\n\t"
+      "movs r2, #0\n\t"
+      "msr msplim, r2\n\t"
+      "movw r2, #:lower16:dk_fault_stack_top\n\t"
+      "movt r2, #:upper16:dk_fault_stack_top\n\t"
+      "ldr r2, [r2]\n\t"
+      "mov sp, r2\n\t"
+      "b dk_fault_report\n\t");
+}
+void isr_memmanage(void) __attribute__((alias("isr_hardfault")));
+void isr_busfault(void) __attribute__((alias("isr_hardfault")));
+void isr_usagefault(void) __attribute__((alias("isr_hardfault")));
+void isr_securefault(void) __attribute__((alias("isr_hardfault")));
+
+void dk_fault_report(const uint32_t *frame, uint32_t exc_return) {
+  if (dk_in_fault) watchdog_reboot(0u, 0u, 0u); /* a fault while reporting one */
+  dk_in_fault = 1;
+  dk_fault_regs_t r;
+  memset(&r, 0, sizeof r);
+  uint32_t exc;
+  __asm__ volatile("mrs %0, ipsr" : "=r"(exc));
+  exc &= 0x1FFu;
+  const uintptr_t f = (uintptr_t)frame;
+  const int on_psp = (exc_return & 4u) != 0u;
+  if (on_psp || (f >= (uintptr_t)__dk_stack_limit && f + 32u <= (uintptr_t)__dk_stack_top)) {
+    r.r0 = frame[0];
+    r.r1 = frame[1];
+    r.r2 = frame[2];
+    r.r3 = frame[3];
+    r.r12 = frame[4];
+    r.lr = frame[5];
+    r.pc = frame[6];
+    r.xpsr = frame[7];
+  }
+  r.cfsr = REG32(DK_SCB_CFSR);
+  /* A stack-limit violation during exception entry leaves no stacked registers. */
+  const int frame_lost = (r.cfsr & CFSR_STKOF) && !on_psp && f == (uintptr_t)__dk_stack_limit;
+  if (frame_lost) r.r0 = r.r1 = r.r2 = r.r3 = r.r12 = r.lr = r.pc = r.xpsr = 0u;
+  r.hfsr = REG32(DK_SCB_HFSR);
+  r.mmfar = REG32(DK_SCB_MMFAR);
+  r.bfar = REG32(DK_SCB_BFAR);
+  r.exc_return = exc_return;
+
+  size_t used = 0u;
+  if (dk_link_transcript(&used) == NULL)
+    dk_link_init(&dk_port, dk_transcript, sizeof dk_transcript, 0u); /* fault before init */
+  dk_link_enter_fault_mode(); /* from here on: append only, no I/O */
+  dk_log_exception(exc);
+  if (frame_lost) dk_send_log("fault: main stack overflow; the stacked registers were lost");
+  dk_send_fault(&r);
+  dk_send_done(DK_STATUS_FAULT);
+
+  const uint8_t *t = dk_link_transcript(&used);
+  watchdog_hw->scratch[1] = (uint32_t)used;
+  watchdog_hw->scratch[2] = dk_crc32(0u, t, used);
+  watchdog_hw->scratch[3] = (uint32_t)(uintptr_t)t;
+  watchdog_hw->scratch[0] = DK_SAVED_MAGIC;
+  watchdog_reboot(0u, 0u, 0u);
+  for (;;) __asm__ volatile("nop");
+}

@@ -1,0 +1,177 @@
+/* dk_link.c: the device side of the serial link (dk_link.h, docs/pico2.md). Portable C11. */
+#include "dk_link.h"
+
+#include <string.h>
+
+static const dk_link_port_t *g_port;
+static uint8_t *g_buf;
+static size_t g_cap;
+static size_t g_len;      /* valid transcript bytes */
+static int g_session;     /* a REQUEST was answered: the host is reading */
+static size_t g_sent;     /* transcript bytes sent since the last SYNC */
+static uint8_t g_nonce[4];
+static int g_acked;
+static int g_finished;    /* `done` is in the transcript */
+static int g_fault_mode;
+static uint64_t g_complete_us; /* when the whole finished transcript was last sent */
+static uint32_t g_repeats;     /* repeats in this session */
+static int g_pending;          /* a REQUEST arrived and is not answered yet */
+static uint8_t g_pending_nonce[4];
+static uint8_t g_rx[DK_LINK_FRAME_BYTES];
+static size_t g_rx_n;
+static dk_link_stats_t g_stats;
+
+void dk_link_init(const dk_link_port_t *port, uint8_t *transcript, size_t capacity, size_t used) {
+  g_port = port;
+  g_buf = transcript;
+  g_cap = capacity;
+  g_len = used <= capacity ? used : capacity;
+  g_session = g_acked = g_pending = g_fault_mode = 0;
+  g_finished = used > 0; /* a saved transcript (fault reboot) is complete */
+  g_sent = 0;
+  g_rx_n = 0;
+  g_repeats = 0;
+  g_complete_us = 0;
+  memset(&g_stats, 0, sizeof g_stats);
+}
+
+/* One received byte through the REQUEST/ACK recognizer. */
+static void dk_link_rx_byte(uint8_t b) {
+  static const uint8_t marker[3] = {DK_LINK_MARK0, DK_LINK_MARK1, DK_LINK_MARK2};
+  if (g_rx_n < 3u) {
+    if (b == marker[g_rx_n]) {
+      g_rx[g_rx_n++] = b;
+    } else {
+      g_rx_n = (b == marker[0]) ? 1u : 0u;
+      g_rx[0] = b;
+    }
+    return;
+  }
+  if (g_rx_n == 3u) {
+    if (b == DK_LINK_CMD_REQUEST || b == DK_LINK_CMD_ACK) {
+      g_rx[g_rx_n++] = b;
+    } else {
+      g_rx_n = (b == marker[0]) ? 1u : 0u;
+      g_rx[0] = b;
+    }
+    return;
+  }
+  g_rx[g_rx_n++] = b;
+  if (g_rx_n < DK_LINK_FRAME_BYTES) return;
+  g_rx_n = 0;
+  if (g_rx[3] == DK_LINK_CMD_REQUEST) {
+    g_pending = 1; /* only the last of several queued requests is answered */
+    memcpy(g_pending_nonce, &g_rx[4], 4);
+  } else if (g_session && memcmp(&g_rx[4], g_nonce, 4) == 0) {
+    if (!g_acked) g_stats.acks++;
+    g_acked = 1;
+  }
+}
+
+static void dk_link_read_input(void) {
+  uint8_t in[64];
+  for (unsigned round = 0; round < 16u; ++round) {
+    const size_t n = g_port->read(in, sizeof in);
+    if (n == 0u) break;
+    for (size_t i = 0; i < n; ++i) dk_link_rx_byte(in[i]);
+  }
+}
+
+static void dk_link_send_sync(void) {
+  uint8_t frame[DK_LINK_FRAME_BYTES] = {DK_LINK_MARK0, DK_LINK_MARK1, DK_LINK_MARK2,
+                                        DK_LINK_CMD_SYNC};
+  memcpy(&frame[4], g_nonce, 4);
+  g_port->write(frame, sizeof frame);
+  g_sent = 0;
+}
+
+/* Answers a pending REQUEST: a new session that starts from the transcript's first byte. */
+static void dk_link_answer(void) {
+  if (!g_pending) return;
+  g_pending = 0;
+  memcpy(g_nonce, g_pending_nonce, 4);
+  g_session = 1;
+  g_acked = 0;
+  g_repeats = 0;
+  g_stats.requests++;
+  dk_link_send_sync();
+}
+
+/* Sends the transcript bytes this session has not sent yet. */
+static void dk_link_pump(void) {
+  while (g_session && g_sent < g_len) {
+    size_t n = g_len - g_sent;
+    if (n > DK_LINK_CHUNK_BYTES) n = DK_LINK_CHUNK_BYTES;
+    g_port->write(g_buf + g_sent, n);
+    g_sent += n;
+    dk_link_read_input();
+    dk_link_answer(); /* a new request restarts from the first byte */
+  }
+  if (g_session && g_finished && g_sent == g_len && g_complete_us == 0u)
+    g_complete_us = g_port->now_us();
+}
+
+void dk_link_poll(void) {
+  if (g_port == NULL || g_fault_mode) return;
+  dk_link_read_input();
+  if (g_pending) {
+    dk_link_answer();
+    g_complete_us = 0u;
+  }
+  dk_link_pump();
+  if (g_finished && g_session && !g_acked && g_sent == g_len && g_repeats < DK_LINK_MAX_REPEATS &&
+      g_complete_us != 0u &&
+      g_port->now_us() - g_complete_us >= (uint64_t)DK_LINK_REPEAT_MS * 1000u) {
+    /* No ACK: the response may have been lost. Send it all again. */
+    g_repeats++;
+    g_stats.repeats++;
+    g_complete_us = 0u;
+    dk_link_send_sync();
+    dk_link_pump();
+  }
+}
+
+void dk_link_write(const void *data, size_t len) {
+  const uint8_t *p = (const uint8_t *)data;
+  if (g_buf == NULL) return;
+  size_t fit = g_cap - g_len;
+  if (fit > len) fit = len;
+  memcpy(g_buf + g_len, p, fit);
+  g_len += fit;
+  if (g_fault_mode) return; /* no I/O from fault context; the rest is lost */
+  if (fit == len) {
+    dk_link_poll();
+    return;
+  }
+  /* The transcript is full: wait for a host, then send the stored part and this rest live. */
+  g_stats.overflow += (uint32_t)(len - fit);
+  while (!g_session) {
+    dk_link_read_input();
+    dk_link_answer();
+    if (!g_session) g_port->idle();
+  }
+  dk_link_pump();
+  g_port->write(p + fit, len - fit);
+}
+
+void dk_link_finish(void) {
+  g_finished = 1;
+  g_complete_us = 0u;
+}
+
+void dk_link_serve_forever(void) {
+  dk_link_finish();
+  for (;;) {
+    dk_link_poll();
+    g_port->idle();
+  }
+}
+
+void dk_link_enter_fault_mode(void) { g_fault_mode = 1; }
+
+const uint8_t *dk_link_transcript(size_t *used) {
+  if (used) *used = g_len;
+  return g_buf;
+}
+
+const dk_link_stats_t *dk_link_get_stats(void) { return &g_stats; }
