@@ -302,9 +302,11 @@ def setup(workspace: Path | None = None, overrides: list[SourceOverride] | None 
 def _west_update(root: Path, projects: list[Project], progress: Callable[[str], None],
                  groups: list[str] | None = None) -> dict[str, ProjectState]:
     names = [p.name for p in projects]
-    how = "\n".join(f"  --source {p.name}=PATH@{p.revision}   # {p.url}" for p in projects)
-    hint = ("Without GitHub access, give each project from a local git copy:\n"
-            f"  deploykit setup \\\n{how}")
+    how = " \\\n".join(f"    --source {p.name}=PATH@{p.revision}" for p in projects)
+    where = "\n".join(f"  {p.name}: {p.url}" for p in projects)
+    hint = ("Without GitHub access, give each project from a local git copy (a clone or bare "
+            f"repository of it, anywhere on this machine):\n  deploykit setup \\\n{how}\n"
+            f"Upstream repositories:\n{where}")
     west = shutil.which("west")
     if west is None:
         raise EnvironmentProblem(
