@@ -21,8 +21,23 @@
 #   DK_ET_RUNTIME_CACHE_DIR  where runtime build directories live (default <build>/et-runtime;
 #                            share one across firmware builds to reuse the runtime). Also
 #                            accepted as DK_RUNTIME_CACHE_DIR.
-#   DK_ET_LOGGING            OFF (default): no ET_LOG strings or calls in the runtime.
-#   DK_ET_BUILD_TYPE         build type of the runtime (default MinSizeRel).
+#   The build profile (tools/deploykit/profiles.py, docs/profiles.md), all required, no
+#   defaults here (`deploykit profiles --cmake size` prints them for a hand-run configure):
+#   DK_PROFILE               its name (reported in the firmware's hello, not part of the key)
+#   DK_ET_BUILD_TYPE         build type of the runtime (the firmware's is CMAKE_BUILD_TYPE).
+#   DK_ET_KERNEL_OPT         "" or e.g. -O2: optimisation of the kernel libraries only.
+#   DK_ET_CMSIS_NN_OPT       "" (CMSIS-NN's own -Ofast) or e.g. -Os.
+#   DK_ET_LOGGING            ON/OFF: ET_LOG strings and calls in the runtime.
+#   DK_ET_PIC                ON/OFF: position-independent runtime libraries.
+#   DK_LTO                   ON/OFF: -flto -ffat-lto-objects everywhere ExecuTorch's headers are
+#                            included, and an -flto link.
+#   DK_ET_EXACT_KERNEL_REGISTRY  ON: MAX_KERNEL_NUM = the kernels registered; OFF: ExecuTorch's
+#                            default (2000 slots, ~24 KB of RAM).
+#   DK_ET_MODEL_PRIM_OPS     ON: register only the primitive operators the model calls
+#                            (ExecuTorch's prim-ops selective build); OFF: all 28.
+#   DK_LEAN_LIBC             ON/OFF: read by firmware/runner (deploykit's minimal snprintf,
+#                            abort, atexit, operator delete instead of newlib's).
+#   DK_ET_COMMIT             optional: the ExecuTorch commit, part of the key.
 #   DK_FLATC                 optional host flatc (same flatbuffers version, e.g. the one in the
 #                            executorch wheel, executorch/data/bin/flatc); default: build it once
 #                            per ExecuTorch tree in DK_ET_RUNTIME_CACHE_DIR/host-flatc-<hash>.
@@ -47,9 +62,18 @@ if(DK_RUNTIME_CACHE_DIR AND NOT DK_ET_RUNTIME_CACHE_DIR)
 endif()
 set(DK_ET_RUNTIME_CACHE_DIR "${CMAKE_BINARY_DIR}/et-runtime" CACHE PATH
     "Directory holding the cached ExecuTorch runtime builds, one per cache key")
-option(DK_ET_LOGGING "Build the ExecuTorch runtime with logging (ET_LOG)" OFF)
-set(DK_ET_BUILD_TYPE MinSizeRel CACHE STRING "Build type of the ExecuTorch runtime")
 set(DK_FLATC "" CACHE FILEPATH "Host flatc; empty: build it from the ExecuTorch tree")
+set(DK_ET_COMMIT "" CACHE STRING "ExecuTorch commit of EXECUTORCH_SOURCE_DIR (part of the key)")
+set(DK_PROFILE_VARIABLES DK_PROFILE DK_ET_BUILD_TYPE DK_ET_KERNEL_OPT DK_ET_CMSIS_NN_OPT
+    DK_ET_LOGGING DK_ET_PIC
+    DK_LTO DK_ET_EXACT_KERNEL_REGISTRY DK_ET_MODEL_PRIM_OPS DK_LEAN_LIBC)
+foreach(_v IN LISTS DK_PROFILE_VARIABLES)
+  if(NOT DEFINED ${_v})
+    message(FATAL_ERROR "ExecuTorch runtime: the build profile's ${_v} is not set. deploykit "
+                        "passes all of them; for a hand-run configure add the output of "
+                        "`deploykit profiles --cmake size` (or reference, speed).")
+  endif()
+endforeach()
 set(DK_ET_FP_CONTRACT off CACHE STRING
     "-ffp-contract for ExecuTorch code: off (default; fp32 results round like the host's) or fast")
 
@@ -80,7 +104,8 @@ endif()
 set(_dk_et_bin ${CMAKE_BINARY_DIR}/dk-executorch)
 set(_dk_sel_args --ops-yaml=${DK_OPS_YAML} --executorch-root=${EXECUTORCH_SOURCE_DIR}
                  --output=${_dk_et_bin}/selected_kernels.cmake
-                 --normalized-yaml=${_dk_et_bin}/selected_operators.yaml)
+                 --normalized-yaml=${_dk_et_bin}/selected_operators.yaml
+                 --selected-prim-ops-header=${_dk_et_bin}/prim_ops/selected_prim_ops.h)
 if(DK_CMSIS_NN_DIR)
   list(APPEND _dk_sel_args --cortex-m)
 endif()
@@ -114,8 +139,13 @@ function(_dk_et_runtime_key out_key out_label out_text)
       "c_flags=${CMAKE_C_FLAGS} | ${CMAKE_C_FLAGS_${_bt}}"
       "cxx_flags=${CMAKE_CXX_FLAGS} | ${CMAKE_CXX_FLAGS_${_bt}}"
       "build_type=${DK_ET_BUILD_TYPE}"
+      "kernel_opt=${DK_ET_KERNEL_OPT}"
+      "cmsis_nn_opt=${DK_ET_CMSIS_NN_OPT}"
       "logging=${DK_ET_LOGGING}"
-      "fp_contract=${DK_ET_FP_CONTRACT}")
+      "pic=${DK_ET_PIC}"
+      "lto=${DK_LTO}"
+      "fp_contract=${DK_ET_FP_CONTRACT}"
+      "executorch_commit=${DK_ET_COMMIT}")
     string(APPEND _text "${_item}\n")
   endforeach()
   string(SHA256 _h "${_text}")
@@ -164,6 +194,10 @@ function(_dk_et_configure_runtime)
       -DEXECUTORCH_SOURCE_DIR=${EXECUTORCH_SOURCE_DIR}
       -DDK_CMSIS_NN_DIR=${DK_CMSIS_NN_DIR}
       -DDK_ET_LOGGING=${DK_ET_LOGGING}
+      -DDK_ET_PIC=${DK_ET_PIC}
+      -DDK_LTO=${DK_LTO}
+      "-DDK_ET_KERNEL_OPT=${DK_ET_KERNEL_OPT}"
+      "-DDK_ET_CMSIS_NN_OPT=${DK_ET_CMSIS_NN_OPT}"
       -DDK_ET_FP_CONTRACT=${DK_ET_FP_CONTRACT}
       -DDK_FLATC=${_dk_flatc}
       -DPYTHON_EXECUTABLE=${PYTHON_EXECUTABLE})
@@ -173,6 +207,10 @@ function(_dk_et_configure_runtime)
   if(DK_TOOLCHAIN_PREFIX)
     list(APPEND _args -DDK_TOOLCHAIN_PREFIX=${DK_TOOLCHAIN_PREFIX})
   endif()
+  if(DK_LTO)
+    # Archives of LTO objects get their symbol index from the LTO plugin (FIELD-NOTES).
+    list(APPEND _args -DCMAKE_AR=${_dk_gcc_ar} -DCMAKE_RANLIB=${_dk_gcc_ranlib})
+  endif()
   message(STATUS "ExecuTorch runtime: configuring ${_rt}")
   execute_process(COMMAND ${CMAKE_COMMAND} ${_args}
                   OUTPUT_FILE ${_rt}/configure.log ERROR_FILE ${_rt}/configure.log
@@ -181,6 +219,9 @@ function(_dk_et_configure_runtime)
     message(FATAL_ERROR "ExecuTorch runtime: configuring ${_rt} failed; see ${_rt}/configure.log")
   endif()
 endfunction()
+# gcc-ar / gcc-ranlib beside the compiler (same prefix), for LTO archives.
+string(REGEX REPLACE "(g\\+\\+|c\\+\\+)$" "gcc-ar" _dk_gcc_ar "${CMAKE_CXX_COMPILER}")
+string(REGEX REPLACE "(g\\+\\+|c\\+\\+)$" "gcc-ranlib" _dk_gcc_ranlib "${CMAKE_CXX_COMPILER}")
 if(NOT EXISTS ${DK_ET_RUNTIME_DIR}/dk-runtime-targets.cmake)
   _dk_et_configure_runtime()
   set(_dk_rt_state "new")
@@ -255,8 +296,24 @@ add_custom_target(dk_et_runtime
 list(LENGTH DK_SEL_PORTABLE_OPS _dk_np)
 list(LENGTH DK_SEL_CORTEX_M_OPS _dk_nc)
 message(STATUS "ExecuTorch runtime: ${DK_ET_RUNTIME_DIR} (${_dk_rt_state})")
-message(STATUS "ExecuTorch kernels: ${_dk_np} portable, ${_dk_nc} cortex_m; "
-               "MAX_KERNEL_NUM=${DK_SEL_MAX_KERNEL_NUM} (${DK_SEL_KERNELS} + ${DK_SEL_PRIM_OPS} prim ops)")
+# The kernel registry: sized to what is registered (the model's kernels plus the primitive
+# operators registered: all, or only the model's), or ExecuTorch's default.
+list(LENGTH DK_SEL_MODEL_PRIM_OPS _dk_npo)
+if(DK_ET_MODEL_PRIM_OPS)
+  set(_dk_registered ${DK_SEL_MODEL_MAX_KERNEL_NUM})
+  set(_dk_prim_text "${_dk_npo} of ${DK_SEL_PRIM_OPS} prim ops, the model's")
+else()
+  set(_dk_registered ${DK_SEL_MAX_KERNEL_NUM})
+  set(_dk_prim_text "${DK_SEL_PRIM_OPS} prim ops")
+endif()
+if(DK_ET_EXACT_KERNEL_REGISTRY)
+  set(DK_ET_MAX_KERNEL_NUM ${_dk_registered})
+else()
+  set(DK_ET_MAX_KERNEL_NUM 2000)  # operator_registry.cpp's own default (not defined here)
+endif()
+message(STATUS "ExecuTorch kernels: ${_dk_np} portable, ${_dk_nc} cortex_m, ${_dk_prim_text}; "
+               "${_dk_registered} registered, MAX_KERNEL_NUM=${DK_ET_MAX_KERNEL_NUM} "
+               "(profile ${DK_PROFILE})")
 
 # CMake defines the WHOLE_ARCHIVE link feature per platform, not for CMAKE_SYSTEM_NAME Generic.
 if(NOT CMAKE_LINK_LIBRARY_USING_WHOLE_ARCHIVE_SUPPORTED
@@ -298,6 +355,12 @@ function(dk_executorch_link target)
     gen_operators_lib(LIB_NAME ${_lib} KERNEL_LIBS ${_kernel_targets} DEPS dk_et::executorch_core)
     # The generated code passes tensors by value through std::array; GCC notes an ABI change.
     target_compile_options(${_lib} PRIVATE -Wno-psabi)
+    # Its static initializer must be linked: gen_operators_lib asks for that with
+    # --whole-archive around the archive in the link options. Linking the object files does
+    # the same and also works with an -flto link (with --whole-archive in front, GNU ld 2.40
+    # drops the C library symbols LTO code generation asks for: memcpy, strcmp, ...).
+    set_property(TARGET ${_lib} PROPERTY INTERFACE_LINK_OPTIONS "")
+    target_sources(${target} PRIVATE $<TARGET_OBJECTS:${_lib}>)
     add_dependencies(${_lib} dk_et_runtime)
     list(PREPEND _links ${_lib})
   endif()
@@ -305,17 +368,41 @@ function(dk_executorch_link target)
   # operator_registry.cpp with the registry sized for this model: kernels + prim ops.
   add_library(dk_et_operator_registry OBJECT
               ${EXECUTORCH_SOURCE_DIR}/runtime/kernel/operator_registry.cpp)
-  target_compile_definitions(dk_et_operator_registry PRIVATE
-                             MAX_KERNEL_NUM=${DK_SEL_MAX_KERNEL_NUM})
+  if(DK_ET_EXACT_KERNEL_REGISTRY)
+    target_compile_definitions(dk_et_operator_registry PRIVATE
+                               MAX_KERNEL_NUM=${DK_ET_MAX_KERNEL_NUM})
+  endif()
   target_link_libraries(dk_et_operator_registry PRIVATE dk_et::executorch_core)
+
+  if(NOT DK_ET_MODEL_PRIM_OPS)
+    # All primitive operators: the runtime's libexecutorch.a registers them itself.
+    set(_prim "$<LINK_LIBRARY:WHOLE_ARCHIVE,dk_et::executorch>")
+  elseif(DK_SEL_MODEL_PRIM_OPS)
+    # Only the model's: register_prim_ops.cpp compiled here with ExecuTorch's prim-ops
+    # selective build; et_view/et_copy_index come from libexecutorch.a when called.
+    add_library(dk_et_prim_ops OBJECT
+                ${EXECUTORCH_SOURCE_DIR}/kernels/prim_ops/register_prim_ops.cpp)
+    target_compile_definitions(dk_et_prim_ops PRIVATE ET_PRIM_OPS_SELECTIVE_BUILD)
+    target_include_directories(dk_et_prim_ops BEFORE PRIVATE ${_dk_et_bin}/prim_ops)
+    target_link_libraries(dk_et_prim_ops PRIVATE dk_et::executorch_core)
+    set(_prim dk_et_prim_ops dk_et::executorch)
+  else()
+    set(_prim)  # the model calls no primitive operator: none registered
+  endif()
 
   target_link_libraries(${target} PRIVATE
     dk_et_operator_registry
     ${_links}
-    "$<LINK_LIBRARY:WHOLE_ARCHIVE,dk_et::executorch>"  # prim ops register themselves
+    ${_prim}
     dk_et::executorch_core)
   target_compile_definitions(${target} PRIVATE
-    DK_MAX_KERNEL_NUM=${DK_SEL_MAX_KERNEL_NUM}
+    DK_MAX_KERNEL_NUM=${DK_ET_MAX_KERNEL_NUM}
     DK_ET_RUNTIME_KEY="${DK_ET_RUNTIME_KEY}")
+  if(DK_LTO)
+    # The whole-program step: the runtime's and the model's -flto objects are optimised
+    # together at the build type's level (-Os from CMAKE_CXX_FLAGS_<CONFIG> on the link line);
+    # functions keep the level they were compiled with (-O2 kernels stay -O2).
+    target_link_options(${target} PRIVATE -flto)
+  endif()
   add_dependencies(${target} dk_et_runtime)
 endfunction()

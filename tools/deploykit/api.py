@@ -15,6 +15,7 @@ from .boards import Board, available_boards, load_board
 from .errors import ConfigError
 from .inspect_pte import ProgramInfo, inspect_pte
 from .npu import npu_config, with_npu_overrides
+from .profiles import resolve_profile
 from .sources import SourceOverride, Workspace
 
 Progress = Callable[[str], None]
@@ -168,12 +169,12 @@ def load_board_with(board: str, npu_macs: int | None = None,
 
 def export(board: str, model: str, flow: str | None = None, out: Path | None = None,
            progress: Progress = _quiet, npu_macs: int | None = None,
-           npu_memory_mode: str | None = None):
+           npu_memory_mode: str | None = None, profile: str | None = None):
     from .pipeline import export_stage
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
     return export_stage(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                        progress)
+                        progress, profile=resolve_profile(b, profile))
 
 
 def describe_export(result) -> str:
@@ -182,38 +183,53 @@ def describe_export(result) -> str:
     return describe(result)
 
 
-def plan(board: str, model: str, flow: str | None = None, out: Path | None = None,
+def plan(board: str, model: str | None = None, flow: str | None = None, out: Path | None = None,
          workspace: Path | None = None, progress: Progress = _quiet,
-         npu_macs: int | None = None, npu_memory_mode: str | None = None):
-    from .pipeline import plan_stage
+         npu_macs: int | None = None, npu_memory_mode: str | None = None,
+         profile: str | None = None, pte: Path | None = None):
+    """The memory plan of `model` (exported first) or of an existing `.pte` on `board`; raises
+    MemoryPlanError, naming the region, when it does not fit. Written to <out>/plan.json."""
+    from .pipeline import plan_pte, plan_stage
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
+    if (model is None) == (pte is None):
+        raise ConfigError("Plan a model or a .pte, one of them.",
+                          "Give --model NAME (exported first) or --pte FILE.pte.")
+    if pte is not None:
+        return plan_pte(b, Path(pte), out, progress, profile=resolve_profile(b, profile))
     return plan_stage(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                      progress)
+                      progress, profile=resolve_profile(b, profile))
 
 
 def build(board: str, model: str, flow: str | None = None, out: Path | None = None,
           workspace: Path | None = None, progress: Progress = _quiet,
-          npu_macs: int | None = None, npu_memory_mode: str | None = None):
+          npu_macs: int | None = None, npu_memory_mode: str | None = None,
+          profile: str | None = None, fit: bool = False):
+    """`profile`: a build profile name (deploykit.profiles; default: the board file's
+    `profile:`, else size). `fit`: measure the model on the board's runner first when no
+    measurement is stored (<out>/fit.json), then link pools and stack at peak + margin."""
     from .pipeline import build_firmware
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
     return build_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                          workspace, progress)
+                          workspace, progress, profile=resolve_profile(b, profile), fit=fit)
 
 
 def run(board: str, model: str, flow: str | None = None, out: Path | None = None,
         workspace: Path | None = None, timeout: float = 120.0, progress: Progress = _quiet,
         npu_macs: int | None = None, npu_memory_mode: str | None = None,
-        port: str | None = None, probe: str | None = None, inputs: Path | None = None):
+        port: str | None = None, probe: str | None = None, inputs: Path | None = None,
+        profile: str | None = None, fit: bool = False):
     """Build, run on the board's runner, compare with the host. `inputs`: a directory of
-    samples (input_sets.py) run in one firmware run instead of the example inputs."""
+    samples (input_sets.py) run in one firmware run instead of the example inputs. `fit`: as
+    for build."""
     from .pipeline import run_firmware
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
     return run_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
                         workspace, timeout, progress,
-                        runner_options={"port": port, "probe": probe}, inputs_dir=inputs)
+                        runner_options={"port": port, "probe": probe}, inputs_dir=inputs,
+                        profile=resolve_profile(b, profile), fit=fit)
 
 
 def flash(board: str, *, model: str | None = None, image: Path | None = None,

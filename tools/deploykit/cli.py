@@ -15,6 +15,7 @@ from typing import Any
 from . import api
 from .errors import DeployKitError, ExitCode
 from .jsonable import to_jsonable
+from .profiles import DEFAULT_PROFILE, PROFILES
 
 _EPILOG = """\
 typical use:
@@ -55,6 +56,9 @@ def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = Tru
         p.add_argument("--npu-memory-mode", metavar="MODE",
                        help="Vela memory mode, one of the board's npu.vela.memory_modes "
                        "(e.g. Shared_Sram, Dedicated_Sram_384KB)")
+        p.add_argument("--profile", choices=list(PROFILES),
+                       help="build profile (default: the board file's `profile:`, else "
+                       f"{DEFAULT_PROFILE}); see `deploykit build --help` and docs/profiles.md")
     p.add_argument("--out", type=Path, help="output directory (default build/<board>/<model>)")
     p.add_argument("--workspace", type=Path,
                    help="upstream sources workspace (default $DEPLOYKIT_WORKSPACE or .workspace)")
@@ -70,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("boards", help="list the boards and their memory maps")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    p = sub.add_parser("profiles", help="list the build profiles (reference, size, speed)")
+    p.add_argument("--cmake", metavar="PROFILE", choices=list(PROFILES),
+                   help="print PROFILE's CMake -D options, for configuring firmware/ by hand")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
     p = sub.add_parser("doctor", help="check the Python stack, toolchain, QEMU and sources")
@@ -102,15 +111,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pte", type=Path, help="the .pte file")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
-    p = sub.add_parser("plan", help="memory plan of a model on a board, checked before compiling")
+    p = sub.add_parser("plan", help="memory plan of a model (or a .pte) on a board, checked "
+                       "before compiling", description="Size every memory item (constant data, "
+                       "planned buffers, CMSIS-NN and Ethos-U scratch, method and temp pools, "
+                       "stack, heap), place it in the board's regions and print used, available "
+                       "and headroom per region; writes <out>/plan.json. Exits 6 with the table "
+                       "and a suggestion when a region overflows. Pools, stack and heap are "
+                       "estimated until measured (deploykit build --fit, stored in "
+                       "<out>/fit.json). docs/memory.md.")
     _common(p)
+    _model_optional(p)
+    p.add_argument("--pte", type=Path, metavar="FILE",
+                   help="plan this .pte instead of exporting --model (out defaults to the "
+                   "build directory it is in)")
 
-    p = sub.add_parser("build", help="export, plan, render and cross-compile the firmware")
+    p = sub.add_parser("build", help="export, plan, render and cross-compile the firmware",
+                       description="Export, plan, render and cross-compile the firmware, in "
+                       "one build profile (--profile).", epilog=_profiles_help(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
+    _fit_option(p)
 
     p = sub.add_parser("run", help="build, run on the board's simulator (or flash the board "
                        "and read it over USB), compare with the host")
     _common(p)
+    _fit_option(p)
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds before a silent simulator is killed (default 120)")
     p.add_argument("--inputs", type=Path, metavar="DIR",
@@ -142,6 +167,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _profiles_help() -> str:
+    """The profile table of `deploykit build --help`, from deploykit.profiles itself."""
+    return ("build profiles (--profile; a board file may set its default with `profile:`; "
+            f"default {DEFAULT_PROFILE}; docs/profiles.md):\n\n"
+            + "\n\n".join(p.describe() for p in PROFILES.values()))
+
+
+def _fit_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fit", action="store_true",
+                   help="measure the model's memory on the board's runner first (generous "
+                   "pools, one run), then link the pools and stack at the measured peaks plus a "
+                   "small margin; stored in <out>/fit.json, so later builds of the same .pte and "
+                   "runtime are exact without running again (docs/memory.md)")
+
+
+def _model_optional(p: argparse.ArgumentParser) -> None:
+    """--model is not required where --pte may replace it."""
+    for action in p._actions:
+        if action.dest == "model":
+            action.required = False
+
+
 def _board_selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", metavar="PORT|MOUNT|SERIAL",
                    help="which board: its serial port (e.g. /dev/ttyACM0), its BOOTSEL drive's "
@@ -152,6 +199,13 @@ def _board_selection(p: argparse.ArgumentParser) -> None:
 
 def _dispatch(args: argparse.Namespace, out: _Output) -> int:
     cmd = args.command
+    if cmd == "profiles":
+        if args.cmake:
+            defs = PROFILES[args.cmake].cmake_definitions()
+            out.result(defs, " ".join(f'"-D{k}={v}"' for k, v in defs.items()))
+        else:
+            out.result(list(PROFILES.values()), _profiles_help())
+        return 0
     if cmd == "boards":
         boards = api.boards()
         out.result(boards, "\n".join(api.describe_board(b) for b in boards))
@@ -193,23 +247,24 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
     common.update(model=args.model, flow=args.flow, npu_macs=args.npu_macs,
-                  npu_memory_mode=args.npu_memory_mode)
+                  npu_memory_mode=args.npu_memory_mode, profile=args.profile)
     if cmd == "export":
         common.pop("workspace")
         result = api.export(**common)
         out.result(result, api.describe_export(result))
         return 0
     if cmd == "plan":
-        plan = api.plan(**common)
-        out.result(plan, plan.table())
+        plan = api.plan(**common, pte=args.pte)
+        what = args.pte or args.model
+        out.result(plan.to_json(), f"memory plan of {what} on {plan.board}:\n{plan.table()}")
         return 0
     if cmd == "build":
-        fw = api.build(**common)
+        fw = api.build(**common, fit=args.fit)
         out.result(fw, fw.summary())
         return 0
     if cmd == "run":
         report = api.run(**common, timeout=args.timeout, port=args.port, probe=args.probe,
-                         inputs=args.inputs)
+                         inputs=args.inputs, fit=args.fit)
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
     raise AssertionError(cmd)

@@ -45,6 +45,7 @@ torch and executorch are imported inside the functions, so importing this module
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -87,6 +88,36 @@ DEFAULT_INT8_STEPS = 2.0  # int8 default atol: this many output quantization ste
 _SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16",
                  6: "float32", 7: "float64", 11: "bool", 15: "bfloat16", 27: "uint16",
                  28: "uint32", 29: "uint64"}
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Export choices of a build profile (deploykit.profiles)."""
+
+    # portable_fp32: constant_prop_pass folds constant subgraphs (the weight transposes of
+    # every Linear), so they are not recomputed on every inference.
+    fold_constants: bool = True
+    # cortex_m_int8: the program takes int8 inputs / returns int8 outputs where the graph
+    # starts with a quantize / ends with a dequantize (the device skips the float conversion;
+    # the host quantizes the inputs and the reference outputs with the same parameters).
+    int8_io: bool = False
+    # Memory-plan the graph inputs (ExecuTorch's default): Method::set_input copies each input
+    # into the planned buffers. False: inputs are not planned, set_input hands the method the
+    # caller's buffer (the runner's embedded inputs, read in place), and the planned buffers
+    # shrink by the input bytes.
+    plan_inputs: bool = True
+
+    def key(self) -> str:
+        return (f"fold_constants={self.fold_constants} int8_io={self.int8_io} "
+                f"plan_inputs={self.plan_inputs}")
+
+    def backend_config(self) -> Any:
+        """to_executorch's ExecutorchBackendConfig for these options."""
+        from executorch.exir import ExecutorchBackendConfig
+        from executorch.exir.passes import MemoryPlanningPass
+
+        return ExecutorchBackendConfig(
+            memory_planning_pass=MemoryPlanningPass(alloc_graph_input=self.plan_inputs))
 
 
 @dataclass(frozen=True)
@@ -343,7 +374,8 @@ def _cortex_m_edge_compile_config() -> Any:
     )
 
 
-def _flow_portable_fp32(spec: ModelSpec, st: _Stages) -> dict[str, Any]:
+def _flow_portable_fp32(spec: ModelSpec, st: _Stages,
+                        options: ExportOptions) -> dict[str, Any]:
     with st.step("import torch/executorch"):
         import torch
         from executorch.exir import to_edge_transform_and_lower
@@ -355,12 +387,13 @@ def _flow_portable_fp32(spec: ModelSpec, st: _Stages) -> dict[str, Any]:
         ep = torch.export.export(spec.module, inputs)
     with st.step("to_edge_transform_and_lower"):
         edge = to_edge_transform_and_lower(ep)
-    with st.step("constant_prop_pass"):
-        folded = constant_prop_pass(edge.exported_program())
-        if folded is not edge.exported_program():
-            edge._edge_programs["forward"] = folded  # same hand-off upstream's tester uses
+    if options.fold_constants:
+        with st.step("constant_prop_pass"):
+            folded = constant_prop_pass(edge.exported_program())
+            if folded is not edge.exported_program():
+                edge._edge_programs["forward"] = folded  # same hand-off upstream's tester uses
     with st.step("to_executorch"):
-        pte = bytes(edge.to_executorch().buffer)
+        pte = bytes(edge.to_executorch(options.backend_config()).buffer)
 
     with st.step("host reference (executorch pybindings)",
                  "The .pte did not run on the host ExecuTorch runtime; a kernel is missing or "
@@ -416,7 +449,8 @@ def _io_quant(ep: Any) -> tuple[list[QuantParams | None], list[QuantParams | Non
     return in_q, out_q
 
 
-def _flow_cortex_m_int8(spec: ModelSpec, st: _Stages, cpu: str) -> dict[str, Any]:
+def _flow_cortex_m_int8(spec: ModelSpec, st: _Stages, cpu: str,
+                       options: ExportOptions) -> dict[str, Any]:
     with st.step("import torch/executorch"):
         import torch
         from executorch.backends.cortex_m.passes.cortex_m_pass_manager import (
@@ -468,17 +502,102 @@ def _flow_cortex_m_int8(spec: ModelSpec, st: _Stages, cpu: str) -> dict[str, Any
     with st.step("cortex_m dialect check"):
         # Before to_executorch, which rewrites the graph in place to out-variants.
         dialect_check = _dialect_check(lowered, inputs, reference, output_quant)
+    int8_inputs: list[bool] = [False] * len(inputs)
+    if options.int8_io:
+        with st.step("int8 model I/O"):
+            int8_inputs, int8_outputs = _make_int8_io(lowered)
+            # The program's outputs are int8 now; output_quant keeps the parameters the host
+            # dequantizes them with before comparing (RunReport: device outputs are shown
+            # and compared as floats, as with float I/O).
     with st.step("to_executorch"):
-        pte = bytes(edge.to_executorch().buffer)
-    def reference_fn(xs: tuple[Any, ...]) -> list[Any]:
-        with torch.no_grad():
-            return _flatten_tensors(converted(*[t.clone() for t in xs]))
+        pte = bytes(edge.to_executorch(options.backend_config()).buffer)
 
-    return {"pte": pte, "reference": reference, "eager": eager, "inputs": inputs,
+    def to_device(xs: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Inputs as the program takes them: int8 where it starts with a quantize, made with
+        the same op and parameters as the quantized model's own first step."""
+        return tuple(_quantize(t, q) if int8 and q else t
+                     for t, int8, q in zip(xs, int8_inputs, input_quant, strict=True))
+
+    def to_float(xs: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(_dequantize(t, q) if int8 and q else t
+                     for t, int8, q in zip(xs, int8_inputs, input_quant, strict=True))
+
+    def reference_fn(xs: tuple[Any, ...]) -> list[Any]:
+        # int8 inputs: their dequantized values quantize back to exactly the same integers in
+        # the model's first step, so the reference is that of the float input.
+        with torch.no_grad():
+            return _flatten_tensors(converted(*[t.clone() for t in to_float(xs)]))
+
+    return {"pte": pte, "reference": reference, "eager": eager, "inputs": to_device(inputs),
             "input_quant": input_quant, "output_quant": output_quant,
             "dialect_check": dialect_check,
-            "extra": {"cpu": target.target_string, "cmsis_nn_backend": target.backend.name},
-            "reference_fn": reference_fn, "prepare_input": nhwc}
+            "extra": {"cpu": target.target_string, "cmsis_nn_backend": target.backend.name,
+                      **({"int8_inputs": int8_inputs, "int8_outputs": int8_outputs}
+                         if options.int8_io else {})},
+            "reference_fn": reference_fn, "prepare_input": nhwc,
+            "prepare_inputs": lambda xs: to_device(tuple(nhwc(t) for t in xs))}
+
+
+def _quantize(t: Any, q: QuantParams) -> Any:
+    import torch
+
+    return torch.ops.quantized_decomposed.quantize_per_tensor.default(
+        t, q.scale, q.zero_point, q.qmin, q.qmax, torch.int8)
+
+
+def _dequantize(t: Any, q: QuantParams) -> Any:
+    import torch
+
+    if t.dtype != torch.int8:
+        return t
+    return torch.ops.quantized_decomposed.dequantize_per_tensor.default(
+        t, q.scale, q.zero_point, q.qmin, q.qmax, torch.int8)
+
+
+def _make_int8_io(ep: Any) -> tuple[list[bool], list[bool]]:
+    """Make a lowered cortex_m program take int8 inputs and return int8 outputs where a user
+    input's only use is a cortex_m quantize, and a user output is a cortex_m dequantize
+    (what ExecuTorch's quantize_io_pass does for quantized_decomposed ops). Returns which
+    inputs and outputs became int8."""
+    from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
+
+    def is_op(node: Any, name: str) -> bool:
+        return getattr(node, "op", None) == "call_function" and \
+            f"cortex_m.{name}" in str(node.target)
+
+    graph = ep.graph_module.graph
+    placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    ins: list[bool] = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind != InputKind.USER_INPUT:
+            continue
+        node = placeholders.get(spec.arg.name)
+        users = list(node.users) if node is not None else []
+        if len(users) == 1 and is_op(users[0], "quantize_per_tensor"):
+            quant = users[0]
+            node.meta["val"] = quant.meta["val"]
+            quant.replace_all_uses_with(node)
+            graph.erase_node(quant)
+            ins.append(True)
+        else:
+            ins.append(False)
+    out_node = graph.output_node()
+    args = list(out_node.args[0])
+    outs: list[bool] = []
+    for i, spec in enumerate(ep.graph_signature.output_specs):
+        if spec.kind != OutputKind.USER_OUTPUT:
+            continue
+        arg = args[i]
+        if is_op(arg, "dequantize_per_tensor") and len(arg.users) == 1:
+            args[i] = arg.args[0]
+            spec.arg = TensorArgument(name=arg.args[0].name)
+            outs.append(True)
+        else:
+            outs.append(False)
+    out_node.args = (tuple(args),)
+    graph.eliminate_dead_code()
+    ep.graph_module.recompile()
+    return ins, outs
 
 
 def _dialect_check(lowered: Any, inputs: tuple[Any, ...], reference: list[Any],
@@ -813,8 +932,11 @@ def _versions() -> dict[str, str]:
 
 def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
            npu: dict[str, Any] | None = None,
-           input_sets: list[tuple[Any, ...]] | None = None) -> ExportResult:
+           input_sets: list[tuple[Any, ...]] | None = None,
+           options: ExportOptions | None = None) -> ExportResult:
     """Export `spec` through `flow` into `out_dir` (see the module docstring).
+
+    `options`: the build profile's export choices (default: folded constants, float I/O).
 
     `npu` (ethos_u_int8 only) is the board's NPU: its `npu:` section with any --npu-macs /
     --npu-memory-mode override applied, or `NpuConfig.export_settings()`.
@@ -826,6 +948,7 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
 
     if flow not in FLOWS:
         raise ConfigError(f"Unknown flow '{flow}'.", f"Use one of: {', '.join(FLOWS)}.")
+    options = options or ExportOptions()
     parse_cpu(cpu)
     if flow == "cortex_m_int8":
         _target_config(cpu)  # validate before any heavy work
@@ -843,12 +966,12 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
             if flow == "portable_fp32":
-                art = _flow_portable_fp32(spec, st)
+                art = _flow_portable_fp32(spec, st, options)
             elif flow == "ethos_u_int8":
                 assert npu_settings is not None
                 art = _flow_ethos_u_int8(spec, st, npu_settings)
             else:
-                art = _flow_cortex_m_int8(spec, st, cpu)
+                art = _flow_cortex_m_int8(spec, st, cpu, options)
             pte: bytes = art["pte"]
             with st.step("read .pte"):
                 info = read_pte_info(pte)
@@ -867,7 +990,7 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
                 f"model has {len(inputs_np)}/{len(reference_np)}.",
                 "Report this: the exported program does not match the model's signature.")
         diffs = _max_abs_diff(reference_np, eager_np)
-        warn = _checks(flow, spec.name, op_list, info)
+        warn = _checks(flow, spec.name, op_list, info, options)
         tc = art.get("tosa_check")
         if tc is not None and not tc.get("ran"):
             warn.append(f"The TOSA reference model did not run ({tc.get('error')}); the "
@@ -899,6 +1022,7 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
             "model_source": str(spec.source_path),
             "flow": flow,
             "cpu": cpu,
+            "options": dataclasses.asdict(options),
             **({"cortex_m_target": art["extra"]} if art["extra"] else {}),
             **({"ethos_u": art["ethos_u"], "partition": art["partition"]}
                if "partition" in art else {}),
@@ -975,10 +1099,12 @@ def _reference_sets(art: dict[str, Any], input_sets: list[tuple[Any, ...]] | Non
         raise ConfigError("This export flow cannot compute host references for an input set.",
                           "Run without --inputs (the model's example inputs are used).")
     prepare = art["prepare_input"]
+    # A flow whose inputs depend on their position (int8 I/O) prepares a whole set at once.
+    prepare_all = art.get("prepare_inputs") or (lambda xs: tuple(prepare(t) for t in xs))
     inputs, references = [], []
     with st.step(f"host reference for {len(input_sets)} input set(s)"):
         for sample in input_sets:
-            xs = tuple(prepare(t) for t in sample)
+            xs = prepare_all(sample)
             inputs.append([_to_numpy(t) for t in xs])
             references.append([_to_numpy(t) for t in fn(xs)])
     return inputs, references
@@ -1041,7 +1167,8 @@ def _in_steps(diffs: list[float], quant: list[QuantParams | None]) -> list[float
     return [d / q.scale if q else None for d, q in zip(diffs, quant, strict=True)]
 
 
-def _checks(flow: str, model: str, op_list: list[str], info: PteInfo) -> list[str]:
+def _checks(flow: str, model: str, op_list: list[str], info: PteInfo,
+            options: ExportOptions | None = None) -> list[str]:
     """Verify the op list fits the flow; return warnings for the report."""
     warn: list[str] = []
     if flow == "portable_fp32":
@@ -1049,7 +1176,8 @@ def _checks(flow: str, model: str, op_list: list[str], info: PteInfo) -> list[st
         if bad:
             raise ExportError(f"portable_fp32 export of '{model}' contains Cortex-M ops: {bad}.",
                               "Report this: the fp32 flow must use portable kernels only.")
-        if info.kernel_calls.get("aten::permute_copy.out"):
+        if info.kernel_calls.get("aten::permute_copy.out") and (options or ExportOptions()
+                                                                 ).fold_constants:
             warn.append("aten::permute_copy.out remains after constant_prop_pass: some "
                         "transposes run at inference time.")
     elif flow == "ethos_u_int8":

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .method_memory import MethodLoad, model_method_load
 
 ETHOS_U_BACKEND = "EthosUBackend"
 # CPU ops that only convert between the float model I/O and the int8 the NPU works in.
@@ -103,6 +104,8 @@ class ProgramInfo:
     delegate_bytes: int = 0  # delegate blobs stored in the program (inline)
     partition_source: str | None = None  # where the ops inside delegates come from
     sha256: str = ""
+    # What Method::load takes from the method and temp pools, modelled (method_memory.py).
+    method_load: MethodLoad | None = None
 
     @property
     def planned_total(self) -> int:
@@ -182,6 +185,7 @@ def inspect_pte(path: Path, method: str = "forward", report: Path | None = None)
         delegate_bytes=delegate_bytes,
         partition_source=source if delegates else None,
         sha256=sha,
+        method_load=model_method_load(plan),
     )
 
 

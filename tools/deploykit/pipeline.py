@@ -5,12 +5,16 @@ Output layout under `out` (default build/<board>/<model>):
     plan.json                                                    (plan stage)
     generated/  board and model files (docs/generated-files.md)  (render stage)
     firmware/   CMake build of firmware/ with DK_FIRMWARE=runner (build stage)
+    footprint.json, footprint.svg  flash by component, RAM vs peaks (build, run)
+    fit.json    measured peaks and fitted sizes, by .pte + runtime key (build --fit)
+    fit/run/    the measurement run's logs                         (build --fit)
     run/        console.bin, qemu.log, result.json               (run + validate)
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -22,18 +26,28 @@ from pathlib import Path
 
 import numpy as np
 
+from . import fit as fitting
 from .boards import Board, repo_root
-from .errors import BuildError, ConfigError, DeployKitError, EnvironmentProblem, ExitCode
+from .errors import (
+    BuildError,
+    ConfigError,
+    DeployKitError,
+    EnvironmentProblem,
+    ExitCode,
+    MemoryPlanError,
+)
 from .export import ExportResult, load_export, memory_order_bytes
 from .export import export as export_model
 from .firmware_build import PICO_FAMILY, PICO_PROJECTS, Firmware, build_image
+from .footprint import Footprint, footprint
 from .fsutil import write_atomic
 from .input_sets import load_input_sets
 from .inspect_pte import ProgramInfo, inspect_pte
 from .jsonable import to_jsonable
 from .models import load_model, resolve_model_path
 from .npu import npu_config
-from .plan import MemoryPlan, plan_memory
+from .plan import MemoryPlan, Sizing, plan_memory
+from .profiles import BuildProfile, resolve_profile
 from .protocol import RunRecords
 from .render import ModelSources, render_board_files, render_model_files
 from .runners import runner_for_board
@@ -44,14 +58,14 @@ Progress = Callable[[str], None]
 
 
 def _export_key(model_path: Path, flow: str, cpu: str, npu: dict | None = None,
-                inputs_digest: str = "") -> str:
+                inputs_digest: str = "", options: str = "") -> str:
     """Everything an export depends on: the model file and the Python files beside it (a model
     may import its neighbours, as mobilenet_v2_lrn imports mobilenet_v2), flow, CPU, NPU
     settings (Vela target, system config, memory mode), exporter and versions."""
     h = hashlib.sha256()
     neighbours = sorted(model_path.parent.glob("*.py"))
     for part in (model_path.read_bytes(), *(p.read_bytes() for p in neighbours),
-                 flow.encode(), cpu.encode(), inputs_digest.encode(),
+                 flow.encode(), cpu.encode(), inputs_digest.encode(), options.encode(),
                  json.dumps(npu, sort_keys=True).encode(),
                  *((Path(__file__).parent / m).read_bytes() for m in ("export.py", "models.py")),
                  metadata.version("torch").encode(), metadata.version("executorch").encode()):
@@ -81,7 +95,8 @@ def _native_output_to(log: Path) -> Iterator[None]:
 
 
 def export_stage(board: Board, model: str, flow: str, out: Path,
-                 progress: Progress, *, inputs_dir: Path | None = None) -> ExportResult:
+                 progress: Progress, *, inputs_dir: Path | None = None,
+                 profile: BuildProfile | None = None) -> ExportResult:
     """Export, or reuse a finished export whose inputs (export-key) are unchanged.
 
     With `inputs_dir`, the host reference is also computed for every sample there
@@ -91,12 +106,13 @@ def export_stage(board: Board, model: str, flow: str, out: Path,
     export_dir = out / "export"
     npu = npu_config(board)
     npu_settings = npu.export_settings() if npu is not None and flow == "ethos_u_int8" else None
+    options = (profile or resolve_profile(board)).export_options()
     spec = input_sets = None
     if inputs_dir is not None:
         spec = load_model(model, repo_root())
         input_sets = load_input_sets(inputs_dir, spec.example_inputs)
     key = _export_key(model_path, flow, board.cpu["core"], npu_settings,
-                      input_sets.digest if input_sets else "")
+                      input_sets.digest if input_sets else "", options.key())
     key_file = export_dir / "export-key"
     if key_file.exists() and key_file.read_text() == key:
         cached = load_export(export_dir)
@@ -111,7 +127,8 @@ def export_stage(board: Board, model: str, flow: str, out: Path,
     with _native_output_to(export_dir / "export-native.log"):
         spec = spec or load_model(model, repo_root())
         result = export_model(spec, flow, export_dir, cpu=board.cpu["core"], npu=npu_settings,
-                              input_sets=list(input_sets.samples) if input_sets else None)
+                              input_sets=list(input_sets.samples) if input_sets else None,
+                              options=options)
     if input_sets is not None:
         write_atomic(export_dir / "labels.json", json.dumps(
             {"names": list(input_sets.names), "labels": list(input_sets.labels)}) + "\n")
@@ -134,61 +151,111 @@ class PlannedModel:
     export: ExportResult
     program: ProgramInfo
     plan: MemoryPlan
+    # The measurement this plan is sized from (fit.json), and the key it is stored under.
+    fit: fitting.FitRecord | None = None
+    fit_key: str = ""
+    fit_options: dict = field(default_factory=dict)
 
 
 def plan_stage(board: Board, model: str, flow: str, out: Path,
-               progress: Progress) -> MemoryPlan:
-    return _export_and_plan(board, model, flow, out, progress).plan
+               progress: Progress, *, profile: BuildProfile | None = None) -> MemoryPlan:
+    return _export_and_plan(board, model, flow, out, progress, profile=profile).plan
+
+
+def plan_pte(board: Board, pte: Path, out: Path | None, progress: Progress, *,
+             profile: BuildProfile | None = None) -> MemoryPlan:
+    """The memory plan of an existing `.pte`. `out` defaults to the build directory the .pte
+    is in (<out>/export/model.pte), else build/<board>/<pte name>; a measurement stored there
+    (fit.json) sizes the pools."""
+    profile = profile or resolve_profile(board)
+    if out is None:
+        out = (pte.parent.parent if pte.parent.name == "export"
+               else Path("build") / board.name / pte.stem)
+    program = inspect_pte(pte)
+    options = fitting.fit_options(program, board, profile.cmake_definitions(board))
+    record = fitting.load_fit(out, fitting.fit_key(options))
+    if record is not None:
+        progress(f"pools, stack and heap from the measurement in {out / fitting.FIT_FILE}")
+    return _plan_written(out, board, program, profile, record)
 
 
 def _export_and_plan(board: Board, model: str, flow: str, out: Path,
-                     progress: Progress, inputs_dir: Path | None = None) -> PlannedModel:
-    exported = export_stage(board, model, flow, out, progress, inputs_dir=inputs_dir)
+                     progress: Progress, inputs_dir: Path | None = None, *,
+                     profile: BuildProfile | None = None) -> PlannedModel:
+    profile = profile or resolve_profile(board)
+    exported = export_stage(board, model, flow, out, progress, inputs_dir=inputs_dir,
+                            profile=profile)
     program = inspect_pte(exported.pte_path)
-    plan = plan_memory(board, program)
-    write_atomic(out / "plan.json", json.dumps(_plan_json(plan), indent=2) + "\n")
-    return PlannedModel(exported, program, plan)
+    # A measurement of this .pte on this runtime (deploykit build --fit) sizes the pools,
+    # stack and heap exactly; without one the plan estimates them (docs/memory.md).
+    options = fitting.fit_options(program, board, profile.cmake_definitions(board))
+    key = fitting.fit_key(options)
+    record = fitting.load_fit(out, key) if profile.memory != "fixed" else None
+    plan = _plan_written(out, board, program, profile, record)
+    return PlannedModel(exported, program, plan, record, key, options)
+
+
+def _plan_written(out: Path, board: Board, program: ProgramInfo, profile: BuildProfile,
+                  record: fitting.FitRecord | None) -> MemoryPlan:
+    """Plan (the reference profile: upstream's fixed, generous pools; else estimated, or
+    measured when `record` is given) and write <out>/plan.json, also when it does not fit."""
+    try:
+        if profile.memory == "fixed":
+            plan = plan_memory(board, profile.fixed_program(program),
+                               method_pool=profile.fixed_method_pool,
+                               temp_pool=profile.fixed_temp_pool)
+        else:
+            plan = plan_memory(board, program, sizing=record.sizing() if record else None)
+    except MemoryPlanError as exc:
+        failed = getattr(exc, "plan", None)
+        if failed is not None:
+            write_atomic(out / "plan.json", json.dumps(failed.to_json(), indent=2) + "\n")
+        raise
+    write_atomic(out / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")
+    return plan
 
 
 def _plan_json(plan: MemoryPlan) -> dict:
-    return {"board": plan.board, "fits": plan.fits, "method_pool": plan.method_pool,
-            "temp_pool": plan.temp_pool, "planned_buffers": list(plan.planned_buffers),
-            "items": [vars(i) for i in plan.items],
-            "regions": [{**vars(r), "headroom": r.headroom} for r in plan.regions]}
+    return plan.to_json()
 
 
 @dataclass(frozen=True)
 class BuiltModel:
     planned: PlannedModel
     firmware: Firmware
+    footprint: Footprint | None = None
 
     def summary(self) -> str:
         p = self.planned
-        return (f"{describe_export(p.export)}\nmemory plan:\n{p.plan.table()}\n"
+        text = (f"{describe_export(p.export)}\nmemory plan:\n{p.plan.table()}\n"
                 f"{self.firmware.summary()}")
+        if self.footprint is not None:
+            text += f"\n{self.footprint.table()}"
+        return text
 
 
 def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path | None,
-                   progress: Progress, *, inputs_dir: Path | None = None) -> BuiltModel:
+                   progress: Progress, *, inputs_dir: Path | None = None,
+                   profile: BuildProfile | None = None, fit: bool = False,
+                   runner_options: dict | None = None, timeout: float = 120.0) -> BuiltModel:
+    """Export, plan, render, build. With `fit`, a model without a stored measurement is first
+    built with generous pools and run once on the board's runner; the pools, stack and heap
+    are then linked at the measured peaks plus margin (fit.py, docs/memory.md)."""
     ws = load_workspace(workspace)  # before the slow export: fail fast without sources
     et_commit = check_executorch_commit(ws)
     if board.family == PICO_FAMILY:
         require_projects(ws, PICO_PROJECTS, f"The {board.name} firmware")
-    planned = _export_and_plan(board, model, flow, out, progress, inputs_dir)
+    profile = profile or resolve_profile(board)
+    board = profile.board_for(board)  # e.g. the reference profile's soft-float CPU flags
+    planned = _export_and_plan(board, model, flow, out, progress, inputs_dir, profile=profile)
     if flow == "ethos_u_int8":
         progress(f"memory plan (fits):\n{planned.plan.table(items=True)}")
         _require_ethos_u_sources(board, ws, out)
     exported = planned.export
     generated = out / "generated"
-    render_board_files(board, generated)
     input_sets = [[np.frombuffer(memory_order_bytes(a, order), dtype=a.dtype).reshape(a.shape)
                    for a, order in zip(arrays, exported.input_dim_orders, strict=True)]
                   for arrays in exported.input_sets]
-    render_model_files(ModelSources(
-        pte=exported.pte_path.read_bytes(), input_sets=input_sets,
-        expected_outputs=exported.reference_sets[0], plan=planned.plan, et_commit=et_commit,
-        build_info=f"flow={flow} cpu={board.cpu['core']}"), generated)
-    progress("building the firmware (the ExecuTorch runtime is cached per board and options)")
     definitions = {
         "EXECUTORCH_SOURCE_DIR": str(ws.executorch_dir),
         "DK_CMSIS_NN_DIR": str(ws.path_of("cmsis-nn")),
@@ -196,14 +263,106 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
         # Runtime builds are keyed by sources, CPU flags and options, so every board and model
         # with the same key shares one, wherever its output directory is.
         "DK_ET_RUNTIME_CACHE_DIR": str(ws.root / "runtime-cache"),
+        "DK_ET_COMMIT": et_commit,
+        **profile.cmake_definitions(board),
     }
     if board.family == PICO_FAMILY:
         # Through the pico-sdk project (firmware/pico/), which takes the SDK (and picotool,
         # when built) from this workspace.
         definitions["DK_WORKSPACE"] = str(ws.root)
-    firmware = build_image(board, generated, out / "firmware", "runner", definitions,
+
+    def compile_with(plan: MemoryPlan) -> Firmware:
+        """Render the generated files for `plan` (pool sizes; a fitted stack and heap override
+        the board file's) and build."""
+        sized = _sized_board(board, plan)
+        render_board_files(sized, generated, _stack_heap_source(board, plan))
+        render_model_files(ModelSources(
+            pte=exported.pte_path.read_bytes(), input_sets=input_sets,
+            expected_outputs=exported.reference_sets[0], plan=plan, et_commit=et_commit,
+            build_info=f"flow={flow} cpu={board.cpu['core']} profile={profile.name}"),
+            generated)
+        return build_image(sized, generated, out / "firmware", "runner", definitions,
                            progress=progress)
-    return BuiltModel(planned, firmware)
+
+    if fit and planned.fit is None and profile.memory != "fixed":
+        planned = _measure(board, flow, out, planned, compile_with, runner_options, workspace,
+                           timeout, progress)
+    progress(f"building the firmware, profile {profile.name} (the ExecuTorch runtime is cached "
+             "per board and options)")
+    firmware = compile_with(planned.plan)
+    fp = _footprint_of(firmware, planned, model)
+    fp.write(out)
+    return BuiltModel(planned, firmware, fp)
+
+
+def _sized_board(board: Board, plan: MemoryPlan) -> Board:
+    """The board with the plan's stack and heap (a per-build override of its defaults)."""
+    if plan.stack_size is None and plan.heap_size is None:
+        return board
+    return dataclasses.replace(
+        board, stack_size=plan.stack_size if plan.stack_size is not None else board.stack_size,
+        heap_size=plan.heap_size if plan.heap_size is not None else board.heap_size)
+
+
+def _stack_heap_source(board: Board, plan: MemoryPlan) -> str:
+    if plan.stack_size is None and plan.heap_size is None:
+        return f"the board file {board.path.name}"
+    p = plan.peaks
+    return (f"deploykit build --fit, measured: stack peak {p.get('stack', 0):,} B, heap peak "
+            f"{p.get('heap', 0):,} B, plus margin (fit.py); board file defaults "
+            f"{board.stack_size:,} / {board.heap_size:,} B")
+
+
+def _measure(board: Board, flow: str, out: Path, planned: PlannedModel,
+             compile_with: Callable[[MemoryPlan], Firmware], runner_options: dict | None,
+             workspace: Path | None, timeout: float, progress: Progress) -> PlannedModel:
+    """Build with generous pools, run once, store the peaks (fit.json), re-plan from them."""
+    program = planned.program
+    pools = board.placement["pools"]
+    headroom = next((r.headroom for r in planned.plan.regions if r.region == pools), 0)
+    runner = runner_for_board(board, **_runner_options(board, runner_options, workspace,
+                                                       progress))
+
+    def build_and_run(sizing: Sizing) -> fitting.MeasureAttempt:
+        firmware = compile_with(plan_memory(board, program, sizing=sizing))
+        progress(f"running on {runner.kind} to measure ({out / 'fit' / 'run'})")
+        result = runner.run(firmware.elf, out / "fit", timeout_s=timeout, check=False)
+        records = result.records
+        memory = dict(records.memory.entries) if records.memory else {}
+        hello = records.hello.fields if records.hello else None
+        outcome = result.outcome()
+        if outcome.ok:
+            return fitting.MeasureAttempt(memory, hello)
+        pool = fitting.pool_named_in([e.message for e in records.errors])
+        return fitting.MeasureAttempt(memory, hello, outcome.cause, pool)
+
+    record = fitting.measure(board, program, flow, planned.fit_key, planned.fit_options,
+                             fitting.measurement_sizing(board, program, headroom),
+                             build_and_run, progress)
+    path = fitting.save_fit(out, record)
+    progress(f"measured peaks {record.peaks}; fitted {record.fitted} (stored in {path})")
+    plan = plan_memory(board, program, sizing=record.sizing())
+    write_atomic(out / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")
+    return dataclasses.replace(planned, plan=plan, fit=record)
+
+
+def _footprint_of(firmware: Firmware, planned: PlannedModel, model: str,
+                  memory: dict[str, tuple[int, int]] | None = None) -> Footprint:
+    """Flash by component and RAM blocks against their peaks: the run's (`memory`), else the
+    stored measurement, else the plan's estimates (method and temp modelled, planned exact)."""
+    title = f"footprint: {Path(model).stem} on {firmware.board} ({firmware.elf.name})"
+    if memory:
+        peaks, source = {k: u for k, (u, _c) in memory.items()}, "measured on the target (run)"
+    elif planned.fit is not None:
+        peaks, source = dict(planned.fit.peaks), "measured on the target (fit.json)"
+    else:
+        load = planned.program.method_load
+        peaks = {"planned_pool": sum(planned.program.planned_buffers)}
+        if load is not None:
+            peaks.update(method_pool=load.method_bytes, temp_pool=load.temp_bytes)
+        source = ("estimated from the .pte; stack and heap unknown until measured "
+                  "(deploykit build --fit)")
+    return footprint(firmware.sizes, title, peaks, source)
 
 
 ETHOS_U_DRIVER = "ethos-u-core-driver"
@@ -246,6 +405,7 @@ class RunReport:
     tick_hz: int | None = None
     instructions_estimate: float | None = None
     memory: dict[str, tuple[int, int]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # e.g. a pool 25% above its peak
     elf: Path | None = None
     flash_bytes: int = 0
     cause: str = ""
@@ -283,6 +443,7 @@ class RunReport:
                             if self.instructions_estimate else ""))
         for name, (used, cap) in sorted(self.memory.items()):
             lines.append(f"  {name:<14} peak {used:>9,} B of {cap:>9,} B")
+        lines += [f"  warning: {w}" for w in self.warnings]
         if self.elf:
             lines.append(f"  firmware {self.elf} ({self.flash_bytes:,} B flash)")
         return "\n".join(lines)
@@ -291,8 +452,11 @@ class RunReport:
 def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path | None,
                  timeout: float, progress: Progress,
                  runner_options: dict | None = None, *,
-                 inputs_dir: Path | None = None) -> RunReport:
-    built = build_firmware(board, model, flow, out, workspace, progress, inputs_dir=inputs_dir)
+                 inputs_dir: Path | None = None,
+                 profile: BuildProfile | None = None, fit: bool = False) -> RunReport:
+    built = build_firmware(board, model, flow, out, workspace, progress, inputs_dir=inputs_dir,
+                           profile=profile, fit=fit, runner_options=runner_options,
+                           timeout=timeout)
     exported = built.planned.export
     runner = runner_for_board(board, **_runner_options(board, runner_options, workspace,
                                                        progress))
@@ -307,17 +471,32 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
         device = []
         for i, order in enumerate(exported.output_dim_orders):
             t = records.tensors.get(k * n_out + i)
-            device.append(None if t is None else _logical(t.data, order))
+            device.append(None if t is None else _as_host_dtype(
+                _logical(t.data, order), exported.output_quant[i]))
         device_sets.append(device)
     verdict = compare_sets(device_sets, exported.reference_sets, Tolerance(**exported.tolerance))
     device = device_sets[0]
     sets = _set_statistics(device_sets, exported.reference_sets, out / "export" / "labels.json")
+    # Every run reports its peaks: one above its pool fails (the device refuses the allocation
+    # itself, done status 3); a pool more than 25% above its peak is a warning (fit.py).
+    memory = dict(records.memory.entries) if records.memory else {}
+    failures, warnings = fitting.check_peaks(memory)
+    warnings += _fit_warnings(built.planned, records)
     if not outcome.ok:
         exit_code, cause = outcome.exit_code, outcome.cause
+        if records.done is not None and records.done.status == 3:  # a pool too small
+            exit_code = ExitCode.MEMORY
+            cause += (" The pools were " + ("measured (fit.json)" if built.planned.fit
+                                            else "estimated") + "; deploykit run --fit "
+                      "measures the model with generous pools and links it at peak + margin.")
+    elif failures:
+        exit_code, cause = ExitCode.MEMORY, "; ".join(failures)
     elif not verdict.passed:
         exit_code, cause = ExitCode.MISMATCH, "device outputs differ from the host's"
     else:
         exit_code, cause = ExitCode.OK, ""
+    if memory:
+        _footprint_of(built.firmware, built.planned, model, memory).write(out)
     timing = records.timing
     report = RunReport(
         board=board.name, model=exported.model_name, flow=flow, passed=exit_code == ExitCode.OK,
@@ -325,13 +504,28 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
         ticks=timing.ticks if timing else None, tick_hz=timing.tick_hz if timing else None,
         instructions_estimate=result.instructions_per_iteration_estimate,
         input_sets=sets,
-        memory=dict(records.memory.entries) if records.memory else {},
+        memory=memory, warnings=warnings,
         elf=built.firmware.elf, flash_bytes=built.firmware.sizes.flash_total, cause=cause,
         log=result.console_log,
         device_outputs=[d.ravel().tolist() if d is not None else [] for d in device],
         records=records)
     write_atomic(out / "run" / "result.json", json.dumps(_report_json(report), indent=2) + "\n")
     return report
+
+
+def _fit_warnings(planned: PlannedModel, records: RunRecords) -> list[str]:
+    """A fitted firmware whose runtime differs from the measured one: the sizes may be stale."""
+    record, hello = planned.fit, records.hello
+    if record is None or hello is None or not record.et_runtime:
+        return []
+    now = hello.fields.get("et_runtime", "")
+    if now and now != record.et_runtime:
+        return [f"the pools were measured on runtime {record.et_runtime}, this firmware runs "
+                f"{now}: delete {FIT_FILE_NAME} or run with --fit again if a peak moved"]
+    return []
+
+
+FIT_FILE_NAME = fitting.FIT_FILE
 
 
 def _runner_options(board: Board, options: dict | None, workspace: Path | None,
@@ -390,6 +584,16 @@ def _set_statistics(device_sets: list[list[np.ndarray | None]],
     acc_dev = sum(device_top[i] == lab for i, lab in known) / len(known)
     acc_host = sum(host_top[i] == lab for i, lab in known) / len(known)
     return SetStatistics(len(device_sets), agree, acc_dev, acc_host, len(known))
+
+
+def _as_host_dtype(data: np.ndarray, quant) -> np.ndarray:
+    """An int8 device output of a float model output (int8 model I/O, the speed profile):
+    dequantized with the parameters of the dequantize the export removed, in float32 as
+    PyTorch's dequantize_per_tensor computes it, so it compares with the float reference
+    exactly as a float output would."""
+    if quant is None or data.dtype != np.int8:
+        return data
+    return (data.astype(np.float32) - np.float32(quant.zero_point)) * np.float32(quant.scale)
 
 
 def _logical(data: np.ndarray, dim_order: list[int]) -> np.ndarray:

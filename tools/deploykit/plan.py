@@ -1,49 +1,77 @@
 """Plan stage: size every memory item a model needs and place it in the board's regions.
 
-The numbers come from the `.pte` (planned buffers, constant data, values, instructions) and
-the board file (stack, heap, placement). For a `.pte` with Ethos-U delegates on a board with an
-`npu:` section, the Vela memory mode the delegates were compiled for decides where the `.pte` and
-the NPU's scratch arena go (`deploykit.npu.memory_mode_layout`: Shared_Sram puts the scratch in
-the SRAM behind the NPU's AXI0 port, Dedicated_Sram_<N>KB puts it behind AXI1 plus N KB of fast
-scratch in SRAM, Sram_Only puts the model in SRAM too); the scratch is the largest delegate's
-Vela scratch, read from the `.pte`. The method allocator's need is not stored in the
-`.pte`; until it is measured on the target it is estimated generously from the number of
-values and instructions, and the estimate is labelled as such.
+The numbers come from the `.pte` (constant data, planned buffers per memory id, CMSIS-NN scratch,
+Vela scratch), from a model of ExecuTorch's `Method::load` (method and temp pools,
+`method_memory.py`), from the board file (stack, heap, placement), and, once the model has run,
+from measurements (`deploykit build --fit`, `fit.py`), which then replace the estimates and the
+board's stack and heap defaults. docs/memory.md gives the formulas and margins.
+
+For a `.pte` with Ethos-U delegates on a board with an `npu:` section, the Vela memory mode the
+delegates were compiled for decides where the `.pte` and the NPU's scratch arena go
+(`deploykit.npu.memory_mode_layout`: Shared_Sram puts the scratch in the SRAM behind the NPU's
+AXI0 port, Dedicated_Sram_<N>KB puts it behind AXI1 plus N KB of fast scratch in SRAM, Sram_Only
+puts the model in SRAM too); the scratch is the largest delegate's Vela scratch, read from the
+`.pte`.
+
+Every item is placed in a region; per region the plan gives used, available and headroom. When a
+region overflows, `plan_memory` raises MemoryPlanError with the table and a concrete suggestion
+naming the region, before anything is compiled.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
-from .boards import Board
+from .boards import PLACEMENT_KINDS, Board
 from .errors import ConfigError, MemoryPlanError
 from .inspect_pte import ProgramInfo
 from .npu import NpuConfig, memory_mode_layout, npu_config
 
-# Estimate of the method allocator's need per value and per instruction, in bytes:
-# an EValue plus a TensorImpl with its sizes/dim-order/strides arrays per value, and a
-# kernel pointer plus argument list per instruction; the constant covers the Method object.
+_POOL_ALIGN = 16
+
+# Estimates (before a measurement): the model of Method::load is within a few bytes of the
+# counting allocators on the models measured here (docs/memory.md); the margin, 1/16 + 64 B,
+# covers what it does not model (a backend's own allocations, another runtime patch release).
+ESTIMATE_FRACTION = 16  # margin = need // ESTIMATE_FRACTION + ESTIMATE_FIXED
+ESTIMATE_FIXED = 64
+# Coarse fallback for a ProgramInfo without the Method::load model: per value, per
+# instruction, and fixed bytes (the pre-model formula, 4-5x over on the test models).
 _METHOD_BYTES_PER_VALUE = 160
 _METHOD_BYTES_PER_INSTRUCTION = 96
 _METHOD_BYTES_FIXED = 2048
-# CMSIS-NN and portable kernels ask the temp allocator for scratch; until measured,
-# reserve this much.
-DEFAULT_TEMP_POOL = 32 * 1024
-_POOL_ALIGN = 16
+_COARSE_TEMP_POOL = 32 * 1024
+
+SOURCES = {
+    "pte": "read from the .pte",
+    "estimate": "modelled from the .pte (method_memory.py) plus margin",
+    "board": "board file default",
+    "fit": "measured peak plus margin (deploykit build --fit)",
+    "given": "given by the caller",
+}
 
 
-def _align(n: int, to: int = _POOL_ALIGN) -> int:
+def align(n: int, to: int = _POOL_ALIGN) -> int:
     return (n + to - 1) // to * to
+
+
+_align = align  # older name
+
+
+def with_estimate_margin(need: int) -> int:
+    """An estimate's size: the modelled need plus 1/16 plus 64 B, 16-byte aligned."""
+    return align(need + need // ESTIMATE_FRACTION + ESTIMATE_FIXED) if need > 0 else 0
 
 
 @dataclass(frozen=True)
 class PlanItem:
     name: str
-    kind: str  # a board placement kind: model, pools, stack, heap; or npu_scratch
+    kind: str  # a board placement kind: model, pools, stack, heap; or npu_scratch, info
     size: int
-    source: str  # where the number comes from: "pte", "estimate", "board", "measured"
+    source: str  # where the number comes from: pte, estimate, board, fit, given
     region: str | None = None  # set when not the board's placement of `kind` (NPU items)
+    detail: str = ""  # how the number was found, in words
 
     def region_in(self, board: Board) -> str:
         return self.region or board.placement[self.kind]
@@ -61,6 +89,19 @@ class RegionUse:
 
 
 @dataclass(frozen=True)
+class Sizing:
+    """Sizes that replace the estimates and board defaults: from a measurement on the target
+    (fit.py: peak + margin), or given (the generous pools of a measurement run)."""
+
+    method_pool: int
+    temp_pool: int
+    stack: int | None = None  # None: the board file's
+    heap: int | None = None
+    source: str = "fit"  # "fit" or "given"
+    peaks: dict[str, int] = field(default_factory=dict)  # measured high-water marks
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     board: str
     items: tuple[PlanItem, ...]
@@ -69,22 +110,64 @@ class MemoryPlan:
     temp_pool: int
     planned_buffers: tuple[int, ...]
     notes: list[str] = field(default_factory=list)
+    stack_size: int | None = None  # None: the board file's (render uses the board's then)
+    heap_size: int | None = None
+    estimates: dict[str, int] = field(default_factory=dict)  # method/temp before measurement
+    peaks: dict[str, int] = field(default_factory=dict)  # measured, when sized from a fit
+    pte: dict[str, Any] = field(default_factory=dict)  # path, size, sha256
 
     @property
     def fits(self) -> bool:
         return all(r.headroom >= 0 for r in self.regions)
 
-    def table(self, items: bool = False) -> str:
-        """Per region: needed, available, headroom; with `items`, what is in each region."""
-        lines = [f"{'region':<10}{'needed':>12}{'available':>12}{'headroom':>12}"]
+    def item(self, name: str) -> PlanItem:
+        return next(i for i in self.items if i.name == name)
+
+    def table(self, items: bool = True) -> str:
+        """Per item: region, bytes, source; per region: used, available, headroom."""
+        lines = []
+        if items:
+            lines.append(f"  {'item':<34}{'region':<9}{'bytes':>11}  source")
+            for i in self.items:
+                size = f"{i.size:>11,}" if i.kind != "info" else f"{'-':>11}"
+                lines.append(f"  {i.name:<34}{i.region or '-':<9}{size}  {i.source}"
+                             + (f": {i.detail}" if i.detail else ""))
+        lines.append(f"  {'region':<12}{'used':>12}{'available':>14}{'headroom':>14}")
         for r in self.regions:
-            lines.append(f"{r.region:<10}{r.used:>12,}{r.capacity:>12,}{r.headroom:>12,}"
-                         + ("   OVER" if r.headroom < 0 else ""))
-            if items:
-                lines += [f"    {i.name:<52}{i.size:>12,}  ({i.source})" for i in self.items
-                          if i.region == r.region]
-        lines += [f"note: {n}" for n in self.notes]
+            pct = f"{100 * r.used / r.capacity:5.1f}%" if r.capacity else ""
+            lines.append(f"  {r.region:<12}{r.used:>12,}{r.capacity:>14,}{r.headroom:>14,}"
+                         f"  {pct}" + ("  OVER" if r.headroom < 0 else ""))
+        lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"board": self.board, "fits": self.fits, "pte": self.pte,
+                "method_pool": self.method_pool, "temp_pool": self.temp_pool,
+                "planned_buffers": list(self.planned_buffers),
+                "stack_size": self.stack_size, "heap_size": self.heap_size,
+                "estimates": self.estimates, "measured_peaks": self.peaks,
+                "items": [dataclasses.asdict(i) for i in self.items],
+                "regions": [{**dataclasses.asdict(r), "headroom": r.headroom}
+                            for r in self.regions],
+                "notes": list(self.notes)}
+
+
+def estimate_pools(program: ProgramInfo) -> tuple[int, int, str, str]:
+    """(method pool, temp pool, how, how) before any measurement."""
+    load = program.method_load
+    if load is None:
+        method = align(_METHOD_BYTES_FIXED + _METHOD_BYTES_PER_VALUE * program.num_values
+                       + _METHOD_BYTES_PER_INSTRUCTION * program.num_instructions)
+        return (method, _COARSE_TEMP_POOL, "coarse: 2 KiB + 160 B/value + 96 B/instruction",
+                "coarse default")
+    method = with_estimate_margin(load.method_bytes)
+    how_method = (f"Method::load modelled {load.method_bytes:,} B ({program.num_values} values, "
+                  f"{program.num_instructions} instructions) + 1/16 + 64 B")
+    temp = with_estimate_margin(load.temp_bytes)
+    how_temp = (f"operator metadata at load {load.temp_load_bytes:,} B"
+                + (f", aten::topk queue {load.temp_kernel_bytes:,} B" if load.temp_kernel_bytes
+                   else "") + " + 1/16 + 64 B")
+    return method, temp, how_method, how_temp
 
 
 def _npu_items(board: Board, program: ProgramInfo,
@@ -114,69 +197,138 @@ def _npu_items(board: Board, program: ProgramInfo,
     if mode != npu.memory_mode:
         notes.append(f"The .pte was compiled for memory mode {mode}; the board's is "
                      f"{npu.memory_mode}. Planned for {mode}.")
+    notes.append("ExecuTorch's EthosUBackend takes the Vela scratch from the temp allocator at "
+                 "execute: the 'Ethos-U scratch' item is that share of the temp pool, placed "
+                 "where the memory mode needs it.")
     layout = memory_mode_layout(mode)
     scratch = max(d.scratch_size or 0 for d in vela)
     items = [PlanItem(f"Ethos-U scratch ({mode}, largest of {len(vela)} delegate"
-                      f"{'s' if len(vela) > 1 else ''})", "npu_scratch", _align(scratch),
-                      "pte", npu.region_of(layout.scratch))]
+                      f"{'s' if len(vela) > 1 else ''})", "npu_scratch", align(scratch),
+                      "pte", npu.region_of(layout.scratch),
+                      f"Vela scratch_size block, {scratch:,} B")]
     if layout.fast_scratch:
         items.append(PlanItem(f"Ethos-U fast scratch ({mode})", "npu_scratch",
-                              layout.fast_scratch, "board", npu.sram_region))
+                              layout.fast_scratch, "board", npu.sram_region,
+                              "the memory mode's SRAM cache of the scratch"))
     return npu.region_of(layout.model), items, notes
 
 
+def _cmsis_item(program: ProgramInfo) -> PlanItem | None:
+    load = program.method_load
+    if load is None or not load.cmsis_scratch:
+        return None
+    uses = load.cmsis_scratch
+    largest = max(uses, key=lambda u: u.nbytes)
+    ids = sorted({u.memory_id for u in uses if u.memory_id is not None})
+    where = (", ".join(f"planned buffer {i}" for i in ids) if ids else "not memory planned")
+    return PlanItem("CMSIS-NN scratch", "info", 0, "pte", None,
+                    f"already planned: inside {where} ({len(uses)} call"
+                    f"{'s' if len(uses) > 1 else ''}, largest {largest.nbytes:,} B in "
+                    f"{largest.op}); no pool of its own, not in the temp pool")
+
+
 def plan_memory(board: Board, program: ProgramInfo, *, method_pool: int | None = None,
-                temp_pool: int | None = None, npu: NpuConfig | None = None) -> MemoryPlan:
+                temp_pool: int | None = None, npu: NpuConfig | None = None,
+                sizing: Sizing | None = None) -> MemoryPlan:
     """Size and place every item; raise MemoryPlanError when a region overflows.
 
+    `sizing` replaces the estimates (and, when it has them, the board's stack and heap) with
+    measured or given sizes; `method_pool`/`temp_pool` override single pools ("given").
     `npu` defaults to the board's `npu:` section; it is used only when the program has
     Ethos-U delegates."""
-    method_source = "measured" if method_pool is not None else "estimate"
-    if method_pool is None:
-        method_pool = (_METHOD_BYTES_FIXED + _METHOD_BYTES_PER_VALUE * program.num_values
-                       + _METHOD_BYTES_PER_INSTRUCTION * program.num_instructions)
-    temp_source = "measured" if temp_pool is not None else "estimate"
-    if temp_pool is None:
-        temp_pool = DEFAULT_TEMP_POOL
-    method_pool, temp_pool = _align(method_pool), _align(temp_pool)
-    planned = tuple(_align(s) for s in program.planned_buffers)
+    est_method, est_temp, how_method, how_temp = estimate_pools(program)
+    method_src, method_how = "estimate", how_method
+    temp_src, temp_how = "estimate", how_temp
+    method, temp = est_method, est_temp
+    stack, stack_src, stack_how = board.stack_size, "board", f"stack_size in {board.path.name}"
+    heap, heap_src, heap_how = board.heap_size, "board", f"heap_size in {board.path.name}"
+    peaks: dict[str, int] = {}
+    if sizing is not None:
+        peaks = dict(sizing.peaks)
+
+        def how(name: str) -> str:
+            if sizing.source != "fit":
+                return "given"
+            peak = peaks.get(name)
+            return f"peak {peak:,} B + margin" if peak is not None else "measured"
+
+        method, method_src = sizing.method_pool, sizing.source
+        method_how = how("method_pool") + f" (estimate was {est_method:,} B)"
+        temp, temp_src = sizing.temp_pool, sizing.source
+        temp_how = how("temp_pool") + f" (estimate was {est_temp:,} B)"
+        if sizing.stack is not None:
+            stack, stack_src = sizing.stack, sizing.source
+            stack_how = how("stack") + f" (board file: {board.stack_size:,} B)"
+        if sizing.heap is not None:
+            heap, heap_src = sizing.heap, sizing.source
+            heap_how = how("heap") + f" (board file: {board.heap_size:,} B)"
+    if method_pool is not None:
+        method, method_src, method_how = method_pool, "given", "given"
+    if temp_pool is not None:
+        temp, temp_src, temp_how = temp_pool, "given", "given"
+    method, temp = align(method), align(temp)
+    planned = tuple(align(s) for s in program.planned_buffers)
     model_region, npu_items, notes = _npu_items(board, program, npu or npu_config(board))
-    items = (
-        PlanItem("model (.pte)", "model", program.size, "pte", model_region),
-        PlanItem("method pool", "pools", method_pool, method_source),
-        PlanItem("temp pool", "pools", temp_pool, temp_source),
-        *(PlanItem(f"planned buffer {i + 1}", "pools", s, "pte") for i, s in enumerate(planned)),
-        PlanItem("stack", "stack", board.stack_size, "board"),
-        PlanItem("heap", "heap", board.heap_size, "board"),
+    constant = (f"{program.constant_bytes:,} B of weights and constants, program and "
+                f"delegates; read in place")
+    items = [
+        PlanItem("model (.pte constant data)", "model", program.size, "pte", model_region,
+                 constant),
+        *(PlanItem(f"planned buffer {i + 1}", "pools", s, "pte", None,
+                   f"memory id {i + 1}: {program.planned_buffers[i]:,} B")
+          for i, s in enumerate(planned)),
+    ]
+    cmsis = _cmsis_item(program)
+    if cmsis is not None:
+        items.append(cmsis)
+    items += [
         *npu_items,
-    )
-    # Every item names its region, so the plan reads without the board.
-    items = tuple(dataclasses.replace(i, region=i.region_in(board)) for i in items)
+        PlanItem("method pool", "pools", method, method_src, None, method_how),
+        PlanItem("temp pool", "pools", temp, temp_src, None, temp_how),
+        PlanItem("stack", "stack", stack, stack_src, None, stack_how),
+        PlanItem("heap", "heap", heap, heap_src, None, heap_how),
+    ]
+    if program.method_load is not None:
+        notes += list(program.method_load.notes)
+    # Every item names its region, so the plan reads without the board. The CMSIS-NN scratch
+    # is information only (it lies inside the planned buffers, in the pools region).
+    items = [dataclasses.replace(i, region=board.placement["pools"] if planned else None)
+             if i.kind == "info" else dataclasses.replace(i, region=i.region_in(board))
+             for i in items]
     used: dict[str, int] = {}
     for item in items:
-        region = item.region_in(board)
-        used[region] = used.get(region, 0) + item.size
+        if item.kind != "info":
+            used[item.region] = used.get(item.region, 0) + item.size
     regions = tuple(RegionUse(r.name, r.size, used.get(r.name, 0)) for r in board.memory
                     if r.name in used)
-    plan = MemoryPlan(board.name, items, regions, method_pool, temp_pool, planned, notes)
+    plan = MemoryPlan(
+        board.name, tuple(items), regions, method, temp, planned, notes,
+        stack_size=stack if stack_src != "board" else None,
+        heap_size=heap if heap_src != "board" else None,
+        estimates={"method_pool": est_method, "temp_pool": est_temp}, peaks=peaks,
+        pte={"path": str(program.path), "size": program.size, "sha256": program.sha256})
     if not plan.fits:
         over = [r for r in plan.regions if r.headroom < 0]
         worst = over[0]
-        biggest = max((i for i in items if i.region_in(board) == worst.region),
+        biggest = max((i for i in plan.items if i.region == worst.region and i.kind != "info"),
                       key=lambda i: i.size)
-        raise MemoryPlanError(
+        exc = MemoryPlanError(
             f"The model does not fit {board.name}: region '{worst.region}' needs "
             f"{worst.used:,} B but has {worst.capacity:,} B "
-            f"({-worst.headroom:,} B over).\n{plan.table(items=True)}",
-            _overflow_hint(board, biggest, (npu or npu_config(board)) if npu_items else None))
+            f"({-worst.headroom:,} B over).\n{plan.table()}",
+            _overflow_hint(board, plan, worst, biggest, program,
+                           (npu or npu_config(board)) if npu_items else None))
+        exc.plan = plan  # type: ignore[attr-defined]  # for plan.json
+        raise exc
     return plan
 
 
-def _overflow_hint(board: Board, biggest: PlanItem, npu: NpuConfig | None) -> str:
-    hint = f"The largest item there is {biggest.name} ({biggest.size:,} B). "
+def _overflow_hint(board: Board, plan: MemoryPlan, worst: RegionUse, biggest: PlanItem,
+                   program: ProgramInfo, npu: NpuConfig | None) -> str:
+    hint = f"The largest item in '{worst.region}' is {biggest.name} ({biggest.size:,} B). "
     if npu is not None and biggest.kind in ("npu_scratch", "model"):
         where = "scratch" if biggest.kind == "npu_scratch" else "model"
-        region = biggest.region_in(board)
+        region = biggest.region
         others = [m for m in npu.memory_modes
                   if npu.region_of(getattr(memory_mode_layout(m), where)) != region]
         if others:
@@ -188,8 +340,36 @@ def _overflow_hint(board: Board, biggest: PlanItem, npu: NpuConfig | None) -> st
                      f"scratch: --npu-macs {larger[0]}. ")
         return hint + (f"Or give region '{region}' more room in the board file, or make the "
                        "model smaller.")
-    return hint + (f"Place '{biggest.kind}' in a larger region in the board file's placement, "
-                   "or make the model smaller (int8 export: --flow cortex_m_int8).")
+    hints = []
+    # Move a placement kind to another region that holds it and has room for it.
+    free = {r.region: r.headroom for r in plan.regions}
+    for kind in PLACEMENT_KINDS:
+        if board.placement.get(kind) != worst.region:
+            continue
+        need = sum(i.size for i in plan.items if i.kind == kind and i.region == worst.region)
+        if need == 0:
+            continue
+        for r in board.memory:
+            if r.name == worst.region or kind not in r.holds:
+                continue
+            room = free.get(r.name, r.size)
+            if room >= need and need >= -worst.headroom:
+                hints.append(f"move {kind} ({need:,} B) to region '{r.name}' ({room:,} B "
+                             f"free): set placement.{kind}: {r.name} in {board.path}")
+                break
+    defaults = [i for i in plan.items if i.region == worst.region
+                and i.source in ("board", "estimate")]
+    if defaults:
+        hints.append("size " + ", ".join(f"{i.name} ({i.size:,} B, {i.source})"
+                                         for i in defaults)
+                     + " from a measurement: deploykit build --fit (runs the model once on the "
+                     "simulator and links pools and stack at peak + margin)")
+    if any(op.startswith("aten::") for op in program.operators) and not any(
+            op.startswith("cortex_m::") for op in program.operators):
+        hints.append("export int8 (--flow cortex_m_int8): int8 weights and activations take "
+                     "about a quarter of the fp32 bytes")
+    hints.append(f"or give region '{worst.region}' more room in {board.path}")
+    return hint + "To fit: " + "; ".join(hints) + "."
 
 
 def _npu_macs_above(npu: NpuConfig) -> list[int]:

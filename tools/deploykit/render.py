@@ -98,9 +98,25 @@ def _render_all(names: Sequence[str], context: dict[str, Any], out_dir: Path) ->
     return GeneratedSources(out_dir, tuple(files), tuple(changed), overall)
 
 
-def render_board_files(board: Board, out_dir: Path) -> GeneratedSources:
-    """board_config.h, board.cmake and memory.ld from the board file."""
-    return _render_all(BOARD_TEMPLATES, {"board": board.as_template_context()}, out_dir)
+def render_board_files(board: Board, out_dir: Path,
+                       stack_heap_source: str = "the board file") -> GeneratedSources:
+    """board_config.h, board.cmake and memory.ld from the board file. A build that sizes the
+    stack and heap itself (deploykit build --fit) passes the board with its stack_size and
+    heap_size replaced, and says so in `stack_heap_source`; the board file stays the source of
+    the defaults."""
+    board_ctx = board.as_template_context()
+    sized = _render_all(("board_config.h", "memory.ld"),
+                        {"board": board_ctx, "stack_heap_source": stack_heap_source}, out_dir)
+    # board.cmake holds CPU facts only: keep stack and heap out of its inputs, so a fitted
+    # stack does not rewrite it (which would reconfigure the firmware build).
+    cpu = _render_all(("board.cmake",), {"board": {k: v for k, v in board_ctx.items()
+                                                   if k not in ("stack_size", "heap_size")}},
+                      out_dir)
+    files = {f.name: f for f in (*sized.files, *cpu.files)}
+    return GeneratedSources(out_dir, tuple(files[n] for n in BOARD_TEMPLATES),
+                            (*sized.changed, *cpu.changed),
+                            hashlib.sha256((sized.input_hash + cpu.input_hash).encode())
+                            .hexdigest())
 
 
 def _tensor_context(arrays: Sequence[np.ndarray], prefix: str) -> list[dict[str, Any]]:

@@ -240,10 +240,13 @@ static void dk_log_exception(uint32_t exc) {
 }
 
 static uint32_t dk_fault_stack[DK_FAULT_STACK_BYTES / 4u] __attribute__((aligned(8)));
-uint32_t *const dk_fault_stack_top = &dk_fault_stack[DK_FAULT_STACK_BYTES / 4u];
+/* Referenced only from isr_hardfault's assembly: `used` keeps them through an LTO link. */
+__attribute__((used)) uint32_t *const dk_fault_stack_top =
+    &dk_fault_stack[DK_FAULT_STACK_BYTES / 4u];
 static volatile int dk_in_fault;
 
-DK_NORETURN void dk_fault_report(const uint32_t *frame, uint32_t exc_return);
+__attribute__((used)) DK_NORETURN void dk_fault_report(const uint32_t *frame,
+                                                        uint32_t exc_return);
 
 /* Every fault vector. Takes the stacked frame from MSP or PSP (EXC_RETURN bit 2), clears
  * MSPLIM, moves to a private stack (the main one may have overflowed) and reports. */
@@ -267,7 +270,7 @@ void isr_busfault(void) __attribute__((alias("isr_hardfault")));
 void isr_usagefault(void) __attribute__((alias("isr_hardfault")));
 void isr_securefault(void) __attribute__((alias("isr_hardfault")));
 
-void dk_fault_report(const uint32_t *frame, uint32_t exc_return) {
+__attribute__((used)) void dk_fault_report(const uint32_t *frame, uint32_t exc_return) {
   if (dk_in_fault) watchdog_reboot(0u, 0u, 0u); /* a fault while reporting one */
   dk_in_fault = 1;
   dk_fault_regs_t r;

@@ -83,6 +83,10 @@ def select(board: Any, *, port: str | None = None, probe: str | None = None,
            workspace: Any = None, allow_reboot: bool = True) -> tuple[Flasher, FlashTarget]:
     """The flasher and the one board it will program (see the module docstring)."""
     env = env or HostEnv()
+    if workspace is not None:  # deploykit's own build of picotool, if there is one
+        built = picotool_build_dir(workspace) / "picotool"
+        if built not in env.tool_dirs:
+            env.tool_dirs = (*env.tool_dirs, built)
     configs = flasher_configs(board)
     flashers = [FLASHERS[c["kind"]](board, c, env, progress) for c in configs]
 

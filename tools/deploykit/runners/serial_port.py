@@ -315,6 +315,12 @@ class PicoRunner(Runner):
         self.port = port
         self.probe = probe
         self.env = env
+        if workspace is None:  # where picotool is built when it is not installed
+            from deploykit.errors import DeployKitError
+            from deploykit.sources import load_workspace
+
+            with contextlib.suppress(DeployKitError):
+                workspace = load_workspace()
         self.workspace = workspace
         self.progress = progress
         self.do_flash = flash
@@ -333,7 +339,7 @@ class PicoRunner(Runner):
             return f"{self.board.name} running on {running[0].device}"
         try:
             _flasher, target = select(self.board, port=self.port, probe=self.probe, env=env,
-                                      allow_reboot=False)
+                                      workspace=self.workspace, allow_reboot=False)
         except FlashError as exc:
             raise EnvironmentProblem(f"No {self.board.name} is connected: {exc.cause}",
                                      exc.hint) from exc
