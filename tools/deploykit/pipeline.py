@@ -228,7 +228,7 @@ class BuiltModel:
     def summary(self) -> str:
         p = self.planned
         text = (f"{describe_export(p.export)}\nmemory plan:\n{p.plan.table()}\n"
-                f"{self.firmware.summary()}")
+                f"{self.firmware.summary(sizes=self.footprint is None)}")
         if self.footprint is not None:
             text += f"\n{self.footprint.table()}"
         return text
@@ -320,7 +320,7 @@ def _measure(board: Board, flow: str, out: Path, planned: PlannedModel,
     program = planned.program
     pools = board.placement["pools"]
     headroom = next((r.headroom for r in planned.plan.regions if r.region == pools), 0)
-    runner = runner_for_board(board, **_runner_options(board, runner_options, workspace,
+    runner = runner_for_board(board, **resolve_runner_options(board, runner_options, workspace,
                                                        progress))
 
     def build_and_run(sizing: Sizing) -> fitting.MeasureAttempt:
@@ -458,7 +458,7 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
                            profile=profile, fit=fit, runner_options=runner_options,
                            timeout=timeout)
     exported = built.planned.export
-    runner = runner_for_board(board, **_runner_options(board, runner_options, workspace,
+    runner = runner_for_board(board, **resolve_runner_options(board, runner_options, workspace,
                                                        progress))
     progress(f"running on {runner.kind} ({board.runner.get('machine', board.name)})")
     result = runner.run(built.firmware.elf, out, timeout_s=timeout, check=False)
@@ -528,7 +528,7 @@ def _fit_warnings(planned: PlannedModel, records: RunRecords) -> list[str]:
 FIT_FILE_NAME = fitting.FIT_FILE
 
 
-def _runner_options(board: Board, options: dict | None, workspace: Path | None,
+def resolve_runner_options(board: Board, options: dict | None, workspace: Path | None,
                     progress: Progress) -> dict:
     """--port/--probe (and the workspace, to build picotool from) for runners of physical
     boards; simulators take none."""

@@ -80,9 +80,12 @@ def board(request: pytest.FixtureRequest) -> Board:
         pytest.skip("no target board: run with --board NAME (see `deploykit boards`)")
     try:
         b = load_board(name)
+        from .pipeline import resolve_runner_options
         from .runners import runner_for_board
 
-        runner_for_board(b).check_environment()
+        options = resolve_runner_options(b, {"port": request.config.getoption("--port")}, None,
+                                  lambda _m: None)
+        runner_for_board(b, **options).check_environment()
     except DeployKitError as exc:
         pytest.skip(f"board {name} is not usable here: {exc.cause} {exc.hint}".strip())
     return b
@@ -109,7 +112,8 @@ def deployed(board: Board, request: pytest.FixtureRequest,
                 from .pipeline import run_firmware
 
                 report = run_firmware(board, model, resolve_flow(board, flow), out, None,
-                                      timeout, lambda _m: None)
+                                      timeout, lambda _m: None,
+                                      {"port": request.config.getoption("--port")})
                 records = report.records
         except DeployKitError as exc:
             if "sources not available" in exc.cause:
