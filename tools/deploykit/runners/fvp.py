@@ -28,7 +28,6 @@ import re
 import select
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -40,6 +39,7 @@ from typing import Any
 from deploykit.errors import ConfigError, EnvironmentProblem, ExitCode
 from deploykit.protocol import Decoder, Outcome, RunRecords
 from deploykit.runners.base import DEFAULT_TIMEOUT_S, Runner, RunResult, runner_section
+from deploykit.runners.process import free_port, kill_group, run_dir_for
 
 FVP_DIR_ENV = "DEPLOYKIT_FVP_DIR"
 CONSOLE_MODES = ("file", "telnet")
@@ -199,16 +199,13 @@ class FvpRunner(Runner):
             check: bool = True) -> RunResult:
         fvp = self.check_environment()
         elf = Path(elf)
-        if not elf.is_file():
-            raise ConfigError(f"ELF not found: {elf}")
-        run_dir = Path(out_dir) / "run"
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = run_dir_for(elf, out_dir)
         console_path, log_path = run_dir / "console.bin", run_dir / "fvp.log"
         console_path.unlink(missing_ok=True)
         start = time.monotonic()
         deadline = start + timeout_s
         dec = Decoder()
-        port = _free_port() if self.console == "telnet" else None
+        port = free_port() if self.console == "telnet" else None
         cmd = self.command(elf, console_file=console_path, port=port,
                            timelimit_s=timeout_s + 5.0, fvp=fvp)
         notes: list[str] = []
@@ -227,7 +224,7 @@ class FvpRunner(Runner):
                                                                 deadline)
             finally:
                 if proc.poll() is None:
-                    _kill_group(proc)
+                    kill_group(proc)
                     killed = True
         if _TIMELIMIT_RE.search(log_path.read_bytes()):
             timed_out = True
@@ -258,10 +255,10 @@ class FvpRunner(Runner):
                 return False, False
             now = time.monotonic()
             if done_deadline is None and now >= deadline:
-                _kill_group(proc)
+                kill_group(proc)
                 return True, True
             if done_deadline is not None and now >= done_deadline:
-                _kill_group(proc)  # done arrived, but the simulation did not end
+                kill_group(proc)  # done arrived, but the simulation did not end
                 return False, True
             if not data:
                 time.sleep(_POLL_S)
@@ -296,7 +293,7 @@ class FvpRunner(Runner):
                 if proc.poll() is not None:
                     return False, False
                 if time.monotonic() >= connect_by:
-                    _kill_group(proc)
+                    kill_group(proc)
                     return True, True
                 time.sleep(_POLL_S)
         sock.setblocking(False)
@@ -329,21 +326,5 @@ def _value(value: Any) -> str:
     return str(value)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Stop the FVP and anything it started: SIGTERM to its process group, then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue

@@ -14,8 +14,6 @@ import os
 import select
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,6 +26,7 @@ import serial
 from deploykit.errors import BuildError, ConfigError, EnvironmentProblem, ExitCode, RunError
 from deploykit.protocol import Decoder, RunRecords
 from deploykit.runners.base import DEFAULT_TIMEOUT_S, Runner, RunResult, runner_section
+from deploykit.runners.process import free_port, kill_group, run_dir_for
 
 QEMU_BINARY = "qemu-system-arm"
 QEMU_APT_PACKAGE = "qemu-system-arm"
@@ -49,10 +48,6 @@ def icount_instructions(ticks: int, tick_hz: int, shift: int) -> float:
     return ticks * 1e9 / ((1 << shift) * tick_hz)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, limit: int = 1200) -> str:
@@ -130,10 +125,7 @@ class QemuRunner(Runner):
             check: bool = True) -> RunResult:
         qemu = self.check_environment()
         elf = Path(elf)
-        if not elf.is_file():
-            raise ConfigError(f"ELF not found: {elf}")
-        run_dir = Path(out_dir) / "run"
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = run_dir_for(elf, out_dir)
         console_path, log_path = run_dir / "console.bin", run_dir / "qemu.log"
         console_tmp = _temp_in(run_dir, console_path.name)
         log_tmp = _temp_in(run_dir, log_path.name)
@@ -148,7 +140,7 @@ class QemuRunner(Runner):
         try:
             with open(console_tmp, "wb") as console, open(log_tmp, "wb") as log:
                 for _attempt in range(3):
-                    cmd = self.command(elf, _free_port(), qemu)
+                    cmd = self.command(elf, free_port(), qemu)
                     log.seek(0)
                     log.truncate()
                     log.write(f"$ {shlex.join(cmd)}\n".encode())
@@ -177,7 +169,7 @@ class QemuRunner(Runner):
                     try:
                         proc.wait(timeout=max(0.5, min(5.0, deadline - time.monotonic())))
                     except subprocess.TimeoutExpired:
-                        _kill_group(proc)
+                        kill_group(proc)
                         killed = True
                         notes.append("QEMU closed the console but did not exit; killed")
                 wall = time.monotonic() - start
@@ -186,7 +178,7 @@ class QemuRunner(Runner):
                 with contextlib.suppress(Exception):
                     ser.close()
             if proc is not None and proc.poll() is None:
-                _kill_group(proc)
+                kill_group(proc)
                 killed = True
             for tmp, final in ((console_tmp, console_path), (log_tmp, log_path)):
                 with contextlib.suppress(OSError):
@@ -215,7 +207,7 @@ class QemuRunner(Runner):
             except (serial.SerialException, OSError):
                 pass
             if time.monotonic() >= deadline:
-                _kill_group(proc)
+                kill_group(proc)
                 raise RunError(f"QEMU did not open its console socket ({url}) in time.",
                                "The machine may be overloaded; retry with a longer timeout.",
                                exit_code=ExitCode.TIMEOUT)
@@ -230,10 +222,10 @@ class QemuRunner(Runner):
         while True:
             now = time.monotonic()
             if done_deadline is None and now >= deadline:
-                _kill_group(proc)
+                kill_group(proc)
                 return True, True
             if done_deadline is not None and now >= done_deadline:
-                _kill_group(proc)  # done arrived, but the firmware did not exit
+                kill_group(proc)  # done arrived, but the firmware did not exit
                 return False, True
             if exited_at is not None and now - exited_at > 2.0:
                 return False, False  # exited, yet the socket never reported EOF
@@ -272,15 +264,3 @@ def _temp_in(directory: Path, name: str) -> Path:
     return Path(tmp)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Stop QEMU and anything it started: SIGTERM to its process group, SIGKILL if needed."""
-    if proc.poll() is not None:
-        return
-    for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
