@@ -4,6 +4,7 @@
 
 #include "board_config.h"
 #include "dk_board.h"
+#include "dk_fault_capture.h"
 #include "dk_protocol.h"
 #include "mps_internal.h"
 
@@ -24,7 +25,6 @@ DK_NORETURN void dk_fault_report(const uint32_t *frame, uint32_t exc_return);
 #define SHCSR_BUSFAULTENA (1u << 17)
 #define SHCSR_USGFAULTENA (1u << 18)
 #define SHCSR_SECUREFAULTENA (1u << 19) /* Armv8-M with TrustZone; RES0 elsewhere */
-#define CFSR_STKOF (1u << 20)             /* UsageFault: stack limit violation (Armv8-M) */
 
 #ifndef DK_SEMIHOSTING
 #define DK_SEMIHOSTING 1
@@ -122,33 +122,12 @@ static volatile int dk_in_fault;
 void dk_fault_report(const uint32_t *frame, uint32_t exc_return) {
   if (dk_in_fault) dk_exit(DK_STATUS_FAULT); /* a fault while reporting one: just stop */
   dk_in_fault = 1;
-  dk_fault_regs_t r = {0};
+  dk_fault_regs_t r;
   uint32_t exc;
   __asm__ volatile("mrs %0, ipsr" : "=r"(exc));
   exc &= 0x1FFu;
-  /* Read the frame only where it can be read: on the process stack, or inside the main stack
-   * (an overflow on a core without a stack limit leaves MSP outside it). */
-  const uintptr_t f = (uintptr_t)frame;
-  const int on_psp = (exc_return & 4u) != 0u;
-  if (on_psp || (f >= (uintptr_t)__dk_stack_limit && f + 32u <= (uintptr_t)__dk_stack_top)) {
-    r.r0 = frame[0];
-    r.r1 = frame[1];
-    r.r2 = frame[2];
-    r.r3 = frame[3];
-    r.r12 = frame[4];
-    r.lr = frame[5];
-    r.pc = frame[6];
-    r.xpsr = frame[7];
-  }
-  r.cfsr = REG32(DK_SCB_CFSR);
-  /* When the exception entry itself hit the stack limit (CFSR.STKOF), the core stops stacking
-   * and leaves SP at the limit: that frame holds no registers, so report them as 0. */
-  const int frame_lost = (r.cfsr & CFSR_STKOF) && !on_psp && f == (uintptr_t)__dk_stack_limit;
-  if (frame_lost) r.r0 = r.r1 = r.r2 = r.r3 = r.r12 = r.lr = r.pc = r.xpsr = 0u;
-  r.hfsr = REG32(DK_SCB_HFSR);
-  r.mmfar = REG32(DK_SCB_MMFAR);
-  r.bfar = REG32(DK_SCB_BFAR);
-  r.exc_return = exc_return;
+  const int frame_lost = dk_fault_capture(frame, exc_return, (uintptr_t)__dk_stack_limit,
+                                          (uintptr_t)__dk_stack_top, &r);
   if (!dk_board_ready) dk_uart_init();
   dk_log_exception(exc);
   if (frame_lost) dk_send_log("fault: main stack overflow; the stacked registers were lost");

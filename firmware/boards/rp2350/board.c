@@ -24,6 +24,7 @@
 
 #include "board_config.h"
 #include "dk_board.h"
+#include "dk_fault_capture.h"
 #include "dk_link.h"
 #include "dk_protocol.h"
 #include "hardware/irq.h"
@@ -52,12 +53,7 @@ extern uint8_t __dk_heap_end[];
 #define REG32(addr) (*(volatile uint32_t *)(addr))
 /* Architectural System Control Space registers (Armv8-M), not board facts. */
 #define DK_SCB_SHCSR 0xE000ED24u
-#define DK_SCB_CFSR 0xE000ED28u
-#define DK_SCB_HFSR 0xE000ED2Cu
-#define DK_SCB_MMFAR 0xE000ED34u
-#define DK_SCB_BFAR 0xE000ED38u
 #define SHCSR_FAULTS_ENA ((1u << 16) | (1u << 17) | (1u << 18) | (1u << 19))
-#define CFSR_STKOF (1u << 20)
 #define DK_STACK_PAINT 0xDEADBEEFu
 #define DK_FAULT_STACK_BYTES 1024u
 
@@ -274,30 +270,11 @@ __attribute__((used)) void dk_fault_report(const uint32_t *frame, uint32_t exc_r
   if (dk_in_fault) watchdog_reboot(0u, 0u, 0u); /* a fault while reporting one */
   dk_in_fault = 1;
   dk_fault_regs_t r;
-  memset(&r, 0, sizeof r);
   uint32_t exc;
   __asm__ volatile("mrs %0, ipsr" : "=r"(exc));
   exc &= 0x1FFu;
-  const uintptr_t f = (uintptr_t)frame;
-  const int on_psp = (exc_return & 4u) != 0u;
-  if (on_psp || (f >= (uintptr_t)__dk_stack_limit && f + 32u <= (uintptr_t)__dk_stack_top)) {
-    r.r0 = frame[0];
-    r.r1 = frame[1];
-    r.r2 = frame[2];
-    r.r3 = frame[3];
-    r.r12 = frame[4];
-    r.lr = frame[5];
-    r.pc = frame[6];
-    r.xpsr = frame[7];
-  }
-  r.cfsr = REG32(DK_SCB_CFSR);
-  /* A stack-limit violation during exception entry leaves no stacked registers. */
-  const int frame_lost = (r.cfsr & CFSR_STKOF) && !on_psp && f == (uintptr_t)__dk_stack_limit;
-  if (frame_lost) r.r0 = r.r1 = r.r2 = r.r3 = r.r12 = r.lr = r.pc = r.xpsr = 0u;
-  r.hfsr = REG32(DK_SCB_HFSR);
-  r.mmfar = REG32(DK_SCB_MMFAR);
-  r.bfar = REG32(DK_SCB_BFAR);
-  r.exc_return = exc_return;
+  const int frame_lost = dk_fault_capture(frame, exc_return, (uintptr_t)__dk_stack_limit,
+                                          (uintptr_t)__dk_stack_top, &r);
 
   size_t used = 0u;
   if (dk_link_transcript(&used) == NULL)

@@ -9,6 +9,7 @@ set(_dk_rp2350_dir ${CMAKE_CURRENT_LIST_DIR})
 add_library(dk_board INTERFACE)
 target_sources(dk_board INTERFACE
   ${_dk_rp2350_dir}/board.c
+  ${DK_FIRMWARE_DIR}/boards/dk_fault_capture.c
   ${_dk_rp2350_dir}/dk_link.c
   ${DK_FIRMWARE_DIR}/protocol/dk_protocol.c
 )
@@ -39,6 +40,7 @@ target_compile_definitions(dk_board INTERFACE
 # deploykit's own sources, compiled with DK_WARNING_FLAGS. Source properties are scoped to a
 # directory: dk_add_firmware() sets them in the directory that defines the executable.
 set(DK_BOARD_OWN_SOURCES
-  ${_dk_rp2350_dir}/board.c ${_dk_rp2350_dir}/dk_link.c ${DK_FIRMWARE_DIR}/protocol/dk_protocol.c)
+  ${_dk_rp2350_dir}/board.c ${_dk_rp2350_dir}/dk_link.c ${DK_FIRMWARE_DIR}/protocol/dk_protocol.c
+  ${DK_FIRMWARE_DIR}/boards/dk_fault_capture.c)
 
 set(DK_BOARD_LINKER_SCRIPT ${_dk_rp2350_dir}/sections.ld)
