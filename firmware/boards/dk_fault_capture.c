@@ -34,3 +34,35 @@ int dk_fault_capture(const uint32_t *frame, uint32_t exc_return, uintptr_t stack
   regs->exc_return = exc_return;
   return frame_lost;
 }
+
+static const char *dk_exception_name(uint32_t exc) {
+  switch (exc) {
+    case 2: return "NMI";
+    case 3: return "HardFault";
+    case 4: return "MemManage";
+    case 5: return "BusFault";
+    case 6: return "UsageFault";
+    case 7: return "SecureFault";
+    case 11: return "SVCall";
+    case 12: return "DebugMonitor";
+    case 14: return "PendSV";
+    default: return exc >= 16u ? "unhandled IRQ" : "exception";
+  }
+}
+
+void dk_fault_log_exception(uint32_t exc) {
+  char buf[64];
+  size_t n = 0u;
+  const char *parts[3] = {"fault: ", dk_exception_name(exc), " (exception "};
+  for (size_t i = 0u; i < 3u; ++i)
+    for (const char *s = parts[i]; *s && n < sizeof buf - 12u; ++s) buf[n++] = *s;
+  char digits[10];
+  size_t d = 0u;
+  do {
+    digits[d++] = (char)('0' + exc % 10u);
+    exc /= 10u;
+  } while (exc && d < sizeof digits);
+  while (d) buf[n++] = digits[--d];
+  buf[n++] = ')';
+  dk_send_log_n(buf, n);
+}

@@ -19,6 +19,9 @@ extern "C" {
 int dk_fault_capture(const uint32_t *frame, uint32_t exc_return, uintptr_t stack_limit,
                      uintptr_t stack_top, dk_fault_regs_t *regs);
 
+/* Send a log record "fault: <name> (exception <n>)" for IPSR value `exc`, without printf. */
+void dk_fault_log_exception(uint32_t exc);
+
 #ifdef __cplusplus
 }
 #endif

@@ -449,6 +449,35 @@ def _io_quant(ep: Any) -> tuple[list[QuantParams | None], list[QuantParams | Non
     return in_q, out_q
 
 
+def _quantize_pt2e(spec: ModelSpec, st: _Stages, inputs: tuple[Any, ...],
+                   calibration: list[tuple[Any, ...]], quantizer: Any) -> tuple[Any, list, list]:
+    """torch.export → PT2E prepare → calibrate → convert; the quantized model and its and the
+    float model's outputs on `inputs`. Shared by the int8 flows; only the quantizer differs."""
+    import torch
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    with st.step("torch.export", "Make the model exportable with torch.export.export(model, "
+                 "example_inputs()) (no data-dependent Python control flow)."):
+        exported = torch.export.export(spec.module, inputs)
+        try:
+            # torch 2.13 adds a _guards_fn call_module that the Arm/Cortex-M passes reject.
+            graph_module = exported.module(check_guards=False)
+        except TypeError:  # older torch: no such argument, and no such node
+            graph_module = exported.module()
+    with st.step("quantization (prepare_pt2e)"):
+        prepared = prepare_pt2e(graph_module, quantizer)
+    with st.step("calibration"), torch.no_grad():
+        for sample in calibration:
+            prepared(*sample)
+    with st.step("quantization (convert_pt2e)"):
+        converted = convert_pt2e(prepared)
+    with st.step("reference (quantized PT2E model)"), torch.no_grad():
+        reference = _flatten_tensors(converted(*[t.clone() for t in inputs]))
+    with st.step("eager reference"), torch.no_grad():
+        eager = _flatten_tensors(spec.module(*[t.clone() for t in inputs]))
+    return converted, reference, eager
+
+
 def _flow_cortex_m_int8(spec: ModelSpec, st: _Stages, cpu: str,
                        options: ExportOptions) -> dict[str, Any]:
     with st.step("import torch/executorch"):
@@ -458,7 +487,6 @@ def _flow_cortex_m_int8(spec: ModelSpec, st: _Stages, cpu: str,
         )
         from executorch.backends.cortex_m.quantizer.quantizer import CortexMQuantizer
         from executorch.exir import to_edge_transform_and_lower
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     target = _target_config(cpu)
 
@@ -471,25 +499,8 @@ def _flow_cortex_m_int8(spec: ModelSpec, st: _Stages, cpu: str,
     inputs = tuple(nhwc(t) for t in spec.example_inputs)
     calibration = [tuple(nhwc(t) for t in sample) for sample in spec.calibration_inputs]
 
-    with st.step("torch.export", "Make the model exportable with torch.export.export(model, "
-                 "example_inputs()) (no data-dependent Python control flow)."):
-        exported = torch.export.export(spec.module, inputs)
-        try:
-            # torch 2.13 adds a _guards_fn call_module that the Arm/Cortex-M passes reject.
-            graph_module = exported.module(check_guards=False)
-        except TypeError:  # older torch: no such argument, and no such node
-            graph_module = exported.module()
-    with st.step("quantization (prepare_pt2e)"):
-        prepared = prepare_pt2e(graph_module, CortexMQuantizer())
-    with st.step("calibration"), torch.no_grad():
-        for sample in calibration:
-            prepared(*sample)
-    with st.step("quantization (convert_pt2e)"):
-        converted = convert_pt2e(prepared)
-    with st.step("reference (quantized PT2E model)"), torch.no_grad():
-        reference = _flatten_tensors(converted(*[t.clone() for t in inputs]))
-    with st.step("eager reference"), torch.no_grad():
-        eager = _flatten_tensors(spec.module(*[t.clone() for t in inputs]))
+    converted, reference, eager = _quantize_pt2e(spec, st, inputs, calibration,
+                                                 CortexMQuantizer())
     with st.step("torch.export (quantized)"):
         qep = torch.export.export(converted, inputs)
     with st.step("to_edge_transform_and_lower"):
@@ -831,34 +842,15 @@ def _flow_ethos_u_int8(spec: ModelSpec, st: _Stages, npu: dict[str, Any]) -> dic
             ReplaceQuantNodesPass,
         )
         from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     inputs = tuple(t.clone().contiguous() for t in spec.example_inputs)
     calibration = [tuple(t.clone().contiguous() for t in s) for s in spec.calibration_inputs]
     with st.step("EthosUCompileSpec", "Check the board's npu section against Vela's vela.ini."):
         compile_spec = EthosUCompileSpec(npu["target"], system_config=npu["system_config"],
                                          memory_mode=npu["memory_mode"])
-    with st.step("torch.export", "Make the model exportable with torch.export.export(model, "
-                 "example_inputs()) (no data-dependent Python control flow)."):
-        exported = torch.export.export(spec.module, inputs)
-        try:
-            # torch 2.13 adds a _guards_fn call_module that the Arm quantizer passes reject.
-            graph_module = exported.module(check_guards=False)
-        except TypeError:  # older torch: no such argument, and no such node
-            graph_module = exported.module()
-    with st.step("quantization (prepare_pt2e)"):
-        quantizer = EthosUQuantizer(compile_spec)
-        quantizer.set_global(get_symmetric_quantization_config(is_per_channel=True))
-        prepared = prepare_pt2e(graph_module, quantizer)
-    with st.step("calibration"), torch.no_grad():
-        for sample in calibration:
-            prepared(*sample)
-    with st.step("quantization (convert_pt2e)"):
-        converted = convert_pt2e(prepared)
-    with st.step("reference (quantized PT2E model)"), torch.no_grad():
-        reference = _flatten_tensors(converted(*[t.clone() for t in inputs]))
-    with st.step("eager reference"), torch.no_grad():
-        eager = _flatten_tensors(spec.module(*[t.clone() for t in inputs]))
+    quantizer = EthosUQuantizer(compile_spec)
+    quantizer.set_global(get_symmetric_quantization_config(is_per_channel=True))
+    converted, reference, eager = _quantize_pt2e(spec, st, inputs, calibration, quantizer)
     with st.step("torch.export (quantized)"):
         qep = torch.export.export(converted, inputs)
     with st.step("to_edge_transform_and_lower (EthosUPartitioner: TOSA -> Vela)",

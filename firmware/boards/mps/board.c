@@ -80,40 +80,6 @@ size_t dk_heap_used(void) { return dk_sbrk_high_water(); }
 
 /* ---- fault report ---- */
 
-static const char *dk_exception_name(uint32_t exc) {
-  switch (exc) {
-    case 2: return "NMI";
-    case 3: return "HardFault";
-    case 4: return "MemManage";
-    case 5: return "BusFault";
-    case 6: return "UsageFault";
-    case 7: return "SecureFault";
-    case 11: return "SVCall";
-    case 12: return "DebugMonitor";
-    case 14: return "PendSV";
-    default: return exc >= 16u ? "unhandled IRQ" : "exception";
-  }
-}
-
-/* "fault: <name> (exception <n>)" without printf. */
-static void dk_log_exception(uint32_t exc) {
-  char buf[64];
-  size_t n = 0u;
-  const char *parts[2] = {"fault: ", dk_exception_name(exc)};
-  for (size_t i = 0u; i < 2u; ++i)
-    for (const char *s = parts[i]; *s && n < sizeof buf - 24u; ++s) buf[n++] = *s;
-  const char *mid = " (exception ";
-  for (const char *s = mid; *s; ++s) buf[n++] = *s;
-  char digits[10];
-  size_t d = 0u;
-  do {
-    digits[d++] = (char)('0' + exc % 10u);
-    exc /= 10u;
-  } while (exc && d < sizeof digits);
-  while (d) buf[n++] = digits[--d];
-  buf[n++] = ')';
-  dk_send_log_n(buf, n);
-}
 
 static volatile int dk_in_fault;
 
@@ -129,7 +95,7 @@ void dk_fault_report(const uint32_t *frame, uint32_t exc_return) {
   const int frame_lost = dk_fault_capture(frame, exc_return, (uintptr_t)__dk_stack_limit,
                                           (uintptr_t)__dk_stack_top, &r);
   if (!dk_board_ready) dk_uart_init();
-  dk_log_exception(exc);
+  dk_fault_log_exception(exc);
   if (frame_lost) dk_send_log("fault: main stack overflow; the stacked registers were lost");
   dk_send_fault(&r);
   dk_send_done(DK_STATUS_FAULT);

@@ -205,35 +205,6 @@ int dk_irq_set_handler(unsigned irq, void (*handler)(void)) {
 
 /* ---- fault report ---- */
 
-static const char *dk_exception_name(uint32_t exc) {
-  switch (exc) {
-    case 2: return "NMI";
-    case 3: return "HardFault";
-    case 4: return "MemManage";
-    case 5: return "BusFault";
-    case 6: return "UsageFault";
-    case 7: return "SecureFault";
-    default: return exc >= 16u ? "unhandled IRQ" : "exception";
-  }
-}
-
-/* "fault: <name> (exception <n>)" without printf. */
-static void dk_log_exception(uint32_t exc) {
-  char buf[64];
-  size_t n = 0u;
-  const char *parts[3] = {"fault: ", dk_exception_name(exc), " (exception "};
-  for (size_t i = 0u; i < 3u; ++i)
-    for (const char *s = parts[i]; *s && n < sizeof buf - 12u; ++s) buf[n++] = *s;
-  char digits[10];
-  size_t d = 0u;
-  do {
-    digits[d++] = (char)('0' + exc % 10u);
-    exc /= 10u;
-  } while (exc && d < sizeof digits);
-  while (d) buf[n++] = digits[--d];
-  buf[n++] = ')';
-  dk_send_log_n(buf, n);
-}
 
 static uint32_t dk_fault_stack[DK_FAULT_STACK_BYTES / 4u] __attribute__((aligned(8)));
 /* Referenced only from isr_hardfault's assembly: `used` keeps them through an LTO link. */
@@ -280,7 +251,7 @@ __attribute__((used)) void dk_fault_report(const uint32_t *frame, uint32_t exc_r
   if (dk_link_transcript(&used) == NULL)
     dk_link_init(&dk_port, dk_transcript, sizeof dk_transcript, 0u); /* fault before init */
   dk_link_enter_fault_mode(); /* from here on: append only, no I/O */
-  dk_log_exception(exc);
+  dk_fault_log_exception(exc);
   if (frame_lost) dk_send_log("fault: main stack overflow; the stacked registers were lost");
   dk_send_fault(&r);
   dk_send_done(DK_STATUS_FAULT);
