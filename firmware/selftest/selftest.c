@@ -37,6 +37,8 @@
  *
  * Fault variants (CMake -DDK_SELFTEST_FAULT=n): after hello and a log record it faults instead
  * of computing, and the board's fault handler sends log + fault + done(status 2) and exits 2.
+ *   3: no fault: an error record (code 0x1001) and done(status 1), exit 1, as the runner does
+ *      when ExecuTorch fails.
  *   1: executes UDF at dk_selftest_fault_site: UsageFault, CFSR.UNDEFINSTR (0x00010000),
  *      fault.pc == address of the ELF symbol dk_selftest_fault_site with the Thumb bit cleared.
  *   2: unbounded recursion overflows the main stack: on Armv8-M Mainline (M33, M55) the stack
@@ -58,6 +60,7 @@
 #define DK_SELFTEST_BUILD_TYPE "unknown"
 #endif
 
+#define SELFTEST_ERROR_CODE 0x1001u
 #define SELFTEST_LCG_SEED 0x2545F491u
 #define SELFTEST_LCG_MUL 1664525u
 #define SELFTEST_LCG_ADD 1013904223u
@@ -144,6 +147,11 @@ int main(void) {
 #elif DK_SELFTEST_FAULT == 2
   dk_send_log("selftest: overflowing the main stack");
   (void)recurse(0u);
+#elif DK_SELFTEST_FAULT == 3
+  /* A device-side error, as the runner reports an ExecuTorch failure: error + done(1). */
+  dk_send_error(SELFTEST_ERROR_CODE, "selftest: deliberate error record");
+  dk_send_done(DK_STATUS_ET_ERROR);
+  dk_exit(DK_STATUS_ET_ERROR);
 #endif
 
   make_inputs();

@@ -28,3 +28,20 @@ def test_model_matches_host(deployed, model, flow):
     assert run.report.passed, run.report.summary()
     tensor = run.expect("tensor")
     assert np.isfinite(tensor.data.astype(np.float64)).all()
+
+
+def test_a_fault_is_reported_with_its_registers(deployed):
+    run = deployed(firmware="selftest", variant="fault")
+    assert run.report.passed, run.report.summary()
+    fault = run.expect("fault")
+    assert fault.registers["cfsr"] & 0x00010000  # UsageFault: undefined instruction
+    assert run.expect("done").status == 2
+    run.expect(r"fault: UsageFault")
+
+
+def test_an_error_record_closes_the_run(deployed):
+    run = deployed(firmware="selftest", variant="error")
+    assert run.report.passed, run.report.summary()
+    error = run.expect("error")
+    assert error.code == 0x1001 and "deliberate" in error.message
+    assert run.expect("done").status == 1

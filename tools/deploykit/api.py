@@ -96,7 +96,10 @@ def describe_program(info: ProgramInfo) -> str:
              + (", ".join(f"{d.backend} {d.size:,} B" for d in info.delegates) or "-"),
              f"  planned buffers: {', '.join(f'{s:,} B' for s in info.planned_buffers) or '-'}",
              f"  constant data: {info.constant_bytes:,} B",
-             f"  values {info.num_values}, instructions {info.num_instructions}",
+             f"  values {info.num_values}, instructions {info.num_instructions}"
+             + (f"; Method::load takes {info.method_load.method_bytes:,} B of the method "
+                f"pool and {info.method_load.temp_bytes:,} B of the temp pool (modelled, "
+                "docs/memory.md)" if info.method_load else ""),
              "  inputs: " + ", ".join(f"{t.sizes} dtype {t.dtype}" for t in info.inputs),
              "  outputs: " + ", ".join(f"{t.sizes} dtype {t.dtype}" for t in info.outputs)]
     if info.delegates:
@@ -280,8 +283,11 @@ def monitor(board: str, *, port: str | None = None, timeout: float = 60.0,
 
 
 def selftest(board: str, out: Path | None = None, workspace: Path | None = None,
-             timeout: float = 30.0, progress: Progress = _quiet):
+             timeout: float = 30.0, progress: Progress = _quiet, variant: str = "ok"):
+    """Board support + protocol check without ExecuTorch; `variant` "fault", "stack-overflow"
+    or "error" makes the firmware fail on purpose and checks the host classifies it so."""
     from .selftest import run_selftest
 
     b = load_board(board)
-    return run_selftest(b, out or default_out(board, "selftest"), timeout, progress)
+    return run_selftest(b, out or default_out(board, f"selftest-{variant}"), timeout, progress,
+                        variant)

@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(no ExecuTorch needed)")
     _common(p, model=False)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    p.add_argument("--variant", choices=["ok", "fault", "stack-overflow", "error"],
+                   default="ok", help="make the firmware fault or report an error on purpose, "
+                   "and check that the host classifies the run exactly so (default ok)")
     return parser
 
 
@@ -243,7 +246,7 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
     common = {"board": args.board, "out": args.out, "workspace": args.workspace,
               "progress": out.progress}
     if cmd == "selftest":
-        report = api.selftest(**common, timeout=args.timeout)
+        report = api.selftest(**common, timeout=args.timeout, variant=args.variant)
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
     common.update(model=args.model, flow=args.flow, npu_macs=args.npu_macs,

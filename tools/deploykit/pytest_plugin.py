@@ -8,10 +8,11 @@ Fixtures:
   when the board's simulator or device is absent);
 - `deployed`: a factory. `deployed(model="tiny_cnn", flow=...)` builds the firmware, runs it
   on the board's runner and returns a `Deployment`; `deployed(firmware="selftest")` does the
-  same with the board self-test. A `Deployment` has `.result` (the decoded records),
-  `.report` (the parity report, for models), `.log_path`, and `.expect(what)`, which returns
-  the first record of a type (`"done"`, `"tensor"`, ...) or the first log line matching a
-  regex, and fails showing what was received and where the full log is.
+  same with the board self-test (`variant="fault"` or `"error"` fails on purpose). A
+  `Deployment` has `.result` (the decoded records), `.report` (the parity report, for
+  models), `.log_path`, and `.expect(what)`, which returns the first record of a type
+  (`"done"`, `"tensor"`, ...) or the first log line matching a regex, and fails showing what
+  was received and where the full log is.
 """
 
 from __future__ import annotations
@@ -97,13 +98,13 @@ def deployed(board: Board, request: pytest.FixtureRequest,
     timeout = request.config.getoption("--dk-timeout")
 
     def deploy(model: str | None = None, *, flow: str | None = None,
-               firmware: str = "runner") -> Deployment:
-        out = tmp_path_factory.mktemp(f"{board.name}-{model or firmware}")
+               firmware: str = "runner", variant: str = "ok") -> Deployment:
+        out = tmp_path_factory.mktemp(f"{board.name}-{model or firmware}-{variant}")
         try:
             if firmware == "selftest":
                 from .selftest import run_selftest
 
-                report = run_selftest(board, out, timeout, lambda _m: None)
+                report = run_selftest(board, out, timeout, lambda _m: None, variant)
                 records = report.records
             else:
                 if model is None:

@@ -17,7 +17,7 @@ from .errors import ExitCode
 from .firmware_build import Firmware, build_image
 from .protocol import RunRecords
 from .render import render_board_files
-from .runners import runner_for_board
+from .runners import RunResult, runner_for_board
 
 LCG_SEED = 0x2545F491
 
@@ -67,15 +67,28 @@ class SelftestReport:
         return "\n".join(lines)
 
 
-def run_selftest(board: Board, out: Path, timeout: float,
-                 progress: Callable[[str], None]) -> SelftestReport:
+# Self-test variants: what the firmware does on purpose (DK_SELFTEST_FAULT), and the run
+# outcome that proves the whole path reports it.
+VARIANTS = {"ok": (0, ExitCode.OK), "fault": (1, ExitCode.FAULT),
+            "stack-overflow": (2, ExitCode.FAULT), "error": (3, ExitCode.DEVICE_ERROR)}
+
+
+def run_selftest(board: Board, out: Path, timeout: float, progress: Callable[[str], None],
+                 variant: str = "ok") -> SelftestReport:
+    """Build and run the self-test. `variant` other than "ok" makes the firmware fault or
+    report an error on purpose; the self-test then passes when the host classifies the run
+    exactly so (a fault record naming the faulting pc, or an error record and done 1)."""
+    mode, expected_outcome = VARIANTS[variant]
     generated = out / "generated"
     render_board_files(board, generated)
-    progress(f"building the selftest firmware for {board.name}")
-    fw = build_image(board, generated, out / "firmware", "selftest", progress=progress)
+    progress(f"building the selftest firmware ({variant}) for {board.name}")
+    fw = build_image(board, generated, out / "firmware", "selftest",
+                     {"DK_SELFTEST_FAULT": str(mode)}, progress=progress)
     runner = runner_for_board(board)
     progress(f"running {fw.elf.name} on {runner.kind}")
-    result = runner.run(fw.elf, out, timeout_s=timeout, check=True)
+    result = runner.run(fw.elf, out, timeout_s=timeout, check=variant == "ok")
+    if variant != "ok":
+        return _deliberate_failure_report(board, fw, result, expected_outcome)
     problems = []
     records = result.records
     hello = records.hello.fields if records.hello else {}
@@ -96,3 +109,31 @@ def run_selftest(board: Board, out: Path, timeout: float,
         instructions_estimate=result.instructions_estimate,
         stack_used=stack[0] if stack else None, wall_seconds=result.wall_seconds,
         records=records)
+
+
+def _deliberate_failure_report(board: Board, fw: Firmware, result: RunResult,
+                               expected: ExitCode) -> SelftestReport:
+    outcome = result.outcome()
+    problems = []
+    if outcome.exit_code != expected:
+        problems.append(f"the run was classified {outcome.exit_code.name} ({outcome.cause}), "
+                        f"expected {expected.name}")
+    fault = result.records.fault
+    if expected == ExitCode.FAULT and fault is not None and fault.registers["pc"]:
+        site = _symbol_address(fw.elf, "dk_selftest_fault_site")
+        if site is not None and fault.registers["pc"] != site:
+            problems.append(f"fault pc 0x{fault.registers['pc']:08x} is not the fault site "
+                            f"0x{site:08x}")
+    return SelftestReport(
+        board=board.name, firmware=fw, passed=not problems,
+        exit_code=ExitCode.MISMATCH if problems else ExitCode.OK, problems=problems,
+        wall_seconds=result.wall_seconds, records=result.records)
+
+
+def _symbol_address(elf: Path, name: str) -> int | None:
+    from elftools.elf.elffile import ELFFile
+
+    with open(elf, "rb") as f:
+        symtab = ELFFile(f).get_section_by_name(".symtab")
+        found = symtab.get_symbol_by_name(name) if symtab else None
+        return found[0]["st_value"] & ~1 if found else None
