@@ -22,6 +22,7 @@ class OutputComparison:
     mean_abs_error: float
     cosine_similarity: float
     top1_agrees: bool | None  # for classifier-shaped outputs, else None
+    topk_overlap: float | None  # |device top-k ∩ host top-k| / k, k = min(5, classes)
     tolerance: Tolerance
     passed: bool
     problem: str = ""
@@ -49,6 +50,16 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a.ravel(), b.ravel()) / (na * nb))
 
 
+def _topk_overlap(got: np.ndarray, expected: np.ndarray) -> float:
+    """Mean over rows of |top-k(device) ∩ top-k(host)| / k, with k = min(5, classes)."""
+    k = min(5, expected.shape[-1])
+    rows_got = got.reshape(-1, got.shape[-1])
+    rows_exp = expected.reshape(-1, expected.shape[-1])
+    overlaps = [len(set(np.argsort(-g)[:k]) & set(np.argsort(-e)[:k])) / k
+                for g, e in zip(rows_got, rows_exp, strict=True)]
+    return float(np.mean(overlaps))
+
+
 def compare_outputs(device: Sequence[np.ndarray | None], host: Sequence[np.ndarray],
                     tolerance: Tolerance) -> Verdict:
     """Each host output must have a device output of the same shape within tolerance."""
@@ -58,28 +69,31 @@ def compare_outputs(device: Sequence[np.ndarray | None], host: Sequence[np.ndarr
         got = device[i] if i < len(device) else None
         if got is None:
             results.append(OutputComparison(i, expected.shape, float("inf"), float("inf"), 0.0,
-                                            None, tolerance, False, "missing on the device"))
+                                            None, None, tolerance, False,
+                                            "missing on the device"))
             continue
         got = np.asarray(got, dtype=np.float64)
         if got.shape != expected.shape:
             results.append(OutputComparison(
-                i, expected.shape, float("inf"), float("inf"), 0.0, None, tolerance, False,
+                i, expected.shape, float("inf"), float("inf"), 0.0, None, None, tolerance, False,
                 f"shape {got.shape} on the device, {expected.shape} on the host"))
             continue
         diff = np.abs(got - expected)
         finite = bool(np.all(np.isfinite(got)))
-        top1 = None
+        top1 = topk = None
         if expected.ndim >= 1 and expected.shape[-1] > 1:
             top1 = bool(np.array_equal(got.argmax(-1), expected.argmax(-1)))
+            topk = _topk_overlap(got, expected)
         ok = finite and bool(np.all(diff <= tolerance.atol + tolerance.rtol * np.abs(expected)))
         results.append(OutputComparison(
             i, expected.shape, float(diff.max(initial=0.0)), float(diff.mean()) if diff.size
-            else 0.0, _cosine(got, expected), top1, tolerance, ok,
+            else 0.0, _cosine(got, expected), top1, topk, tolerance, ok,
             "" if finite else "non-finite values on the device"))
     extra = len(device) - len(host)
     if extra > 0:
         results.append(OutputComparison(len(host), (), float("inf"), float("inf"), 0.0, None,
-                                        tolerance, False, f"{extra} unexpected extra output(s)"))
+                                        None, tolerance, False,
+                                        f"{extra} unexpected extra output(s)"))
     return Verdict(tuple(results))
 
 
