@@ -119,43 +119,8 @@ include(${_dk_et_bin}/selected_kernels.cmake)
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
              ${DK_OPS_YAML} ${_DK_ET_CMAKE_DIR}/executorch_select_kernels.py)
 
-# ---- the cache key of the model-independent runtime ----
-function(_dk_et_runtime_key out_key out_label out_text)
-  include(${DK_GENERATED_DIR}/board.cmake)  # DK_CPU_FLAGS, DK_CPU_CORE (function scope)
-  file(SHA256 ${CMAKE_TOOLCHAIN_FILE} _tc)
-  file(READ ${EXECUTORCH_SOURCE_DIR}/version.txt _etv)
-  string(STRIP "${_etv}" _etv)
-  string(TOUPPER "${DK_ET_BUILD_TYPE}" _bt)
-  set(_text "")
-  foreach(_item
-      "executorch=${_etv} ${EXECUTORCH_SOURCE_DIR}"
-      "cmsis_nn=${DK_CMSIS_NN_DIR}"
-      "flatc=${_dk_flatc}"
-      "cxx=${CMAKE_CXX_COMPILER} ${CMAKE_CXX_COMPILER_VERSION}"
-      "c=${CMAKE_C_COMPILER} ${CMAKE_C_COMPILER_VERSION}"
-      "generator=${CMAKE_GENERATOR}"
-      "toolchain=${CMAKE_TOOLCHAIN_FILE} ${_tc} ${DK_TOOLCHAIN_PREFIX}"
-      "cpu_flags=${DK_CPU_FLAGS}"
-      "c_flags=${CMAKE_C_FLAGS} | ${CMAKE_C_FLAGS_${_bt}}"
-      "cxx_flags=${CMAKE_CXX_FLAGS} | ${CMAKE_CXX_FLAGS_${_bt}}"
-      "build_type=${DK_ET_BUILD_TYPE}"
-      "kernel_opt=${DK_ET_KERNEL_OPT}"
-      "cmsis_nn_opt=${DK_ET_CMSIS_NN_OPT}"
-      "logging=${DK_ET_LOGGING}"
-      "pic=${DK_ET_PIC}"
-      "lto=${DK_LTO}"
-      "fp_contract=${DK_ET_FP_CONTRACT}"
-      "executorch_commit=${DK_ET_COMMIT}")
-    string(APPEND _text "${_item}\n")
-  endforeach()
-  string(SHA256 _h "${_text}")
-  string(SUBSTRING "${_h}" 0 16 _h)
-  set(_label "et${_etv}-${DK_CPU_CORE}")
-  string(REGEX REPLACE "[^A-Za-z0-9_.+-]" "_" _label "${_label}")
-  set(${out_key} ${_h} PARENT_SCOPE)
-  set(${out_label} ${_label} PARENT_SCOPE)
-  set(${out_text} "${_text}" PARENT_SCOPE)
-endfunction()
+# ---- the cache key of the model-independent runtime (key.cmake) ----
+include(${_DK_ET_CMAKE_DIR}/executorch-runtime/key.cmake)
 # The host flatc depends only on the ExecuTorch tree: one per tree, shared by every key.
 if(DK_FLATC)
   set(_dk_flatc ${DK_FLATC})
@@ -167,7 +132,7 @@ else()
   set(_dk_flatc_dir ${DK_ET_RUNTIME_CACHE_DIR}/host-flatc-${_dk_h})
   set(_dk_flatc ${_dk_flatc_dir}/bin/flatc)
 endif()
-_dk_et_runtime_key(DK_ET_RUNTIME_KEY _dk_label _dk_key_text)
+dk_et_runtime_key(DK_ET_RUNTIME_KEY _dk_label _dk_key_text)
 set(DK_ET_RUNTIME_DIR ${DK_ET_RUNTIME_CACHE_DIR}/${_dk_label}-${DK_ET_RUNTIME_KEY})
 
 # ---- configure the runtime build directory (once per key) ----

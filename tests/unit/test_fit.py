@@ -69,13 +69,16 @@ def test_store_round_trip_and_keys(tmp_path):
     other = dataclasses.replace(board, cpu={**board.cpu, "gcc_flags": ["-mcpu=cortex-m33"]})
     assert fitting.fit_key(fitting.fit_options(_program(), other,
                                                {"DK_ET_LOGGING": "OFF"})) != key
-    assert options["firmware_sources"] == fitting.firmware_sources_hash()
+    assert options["firmware_sources"] == fitting.firmware_sources_hash("mps")
+    assert fitting.firmware_sources_hash("rp2350") != fitting.firmware_sources_hash("mps")
     assert fitting.load_fit(tmp_path, key) is None
     rec = fitting.record_from_run(key, options, board, "f", _memory(PEAKS), None)
     path = fitting.save_fit(tmp_path, rec)
     assert path == tmp_path / "fit.json"
     assert fitting.load_fit(tmp_path, key) == rec
     assert fitting.load_fit(tmp_path, "other") is None
+    assert fitting.stale_fits(tmp_path, _program().sha256, "other") == [rec]
+    assert fitting.stale_fits(tmp_path, _program().sha256, key) == []
     # several entries, newest kept
     for i in range(10):
         fitting.save_fit(tmp_path, dataclasses.replace(rec, key=f"k{i}"))

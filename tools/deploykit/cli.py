@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every sample in DIR (NAME.npy, NAME.npz with input_0.., or "
                    "NAME.pt; optional labels.json of NAME -> class) in one firmware run and "
                    "report agreement and accuracy over them")
+    p.add_argument("--atol", type=float, help="absolute tolerance of the device-vs-host "
+                   "comparison (default: the model's TOLERANCE, else the flow's default)")
+    p.add_argument("--rtol", type=float, help="relative tolerance, added to --atol")
     _board_selection(p)
 
     p = sub.add_parser("flash", help="flash a built firmware onto a board (picotool, the "
@@ -267,7 +270,7 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         return 0
     if cmd == "run":
         report = api.run(**common, timeout=args.timeout, port=args.port, probe=args.probe,
-                         inputs=args.inputs, fit=args.fit)
+                         inputs=args.inputs, atol=args.atol, rtol=args.rtol, fit=args.fit)
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
     raise AssertionError(cmd)

@@ -35,9 +35,11 @@ class Firmware:
     fit: MemoryFit | None = None  # the ELF against the board's regions (pico builds)
     uf2: Uf2Result | None = None  # boards flashed as UF2 (rp2350)
 
-    def summary(self) -> str:
+    def summary(self, sizes: bool = True) -> str:
+        """`sizes=False`: without the size table (the caller shows the footprint instead)."""
         text = (f"{self.elf} for {self.board} (configure {self.configure_seconds:.1f} s, "
-                f"build {self.build_seconds:.1f} s)\n{self.sizes.table()}")
+                f"build {self.build_seconds:.1f} s)" + (f"\n{self.sizes.table()}" if sizes
+                                                          else ""))
         if self.fit is not None:
             text += "\n" + self.fit.table()
         if self.uf2 is not None:

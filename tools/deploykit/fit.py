@@ -126,16 +126,22 @@ def _executorch_version() -> str:
         return "unknown"
 
 
-def firmware_sources_hash(root: Path | None = None) -> str:
-    """SHA-256 over deploykit's firmware and CMake sources: the runner, board support,
-    protocol, toolchain file and runtime build scripts. Any change there re-measures."""
+def firmware_sources_hash(family: str = "mps", root: Path | None = None) -> str:
+    """SHA-256 over the deploykit sources a runner firmware of board family `family` is built
+    from: the runner, the protocol encoder, the family's board support and the board API
+    files they share, the firmware CMake projects, the toolchain file and the runtime build
+    scripts. A change there re-measures; the selftest and other families do not count."""
     root = root or repo_root()
+    fw = root / "firmware"
+    paths = [*(fw / "boards").glob("*.*"), fw / "CMakeLists.txt"]
+    for tree in (fw / "runner", fw / "protocol", fw / "boards" / family, root / "cmake",
+                 *([fw / "pico"] if family == "rp2350" else [])):
+        paths += tree.rglob("*")
     h = hashlib.sha256()
-    for top in ("firmware", "cmake"):
-        for p in sorted((root / top).rglob("*")):
-            if p.is_file() and "__pycache__" not in p.parts:
-                h.update(str(p.relative_to(root)).encode() + b"\0")
-                h.update(hashlib.sha256(p.read_bytes()).digest())
+    for p in sorted(set(paths)):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(str(p.relative_to(root)).encode() + b"\0")
+            h.update(hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()[:16]
 
 
@@ -148,7 +154,7 @@ def fit_options(program: ProgramInfo, board: Board,
     return {"pte_sha256": program.sha256, "executorch": _executorch_version(),
             "compiler": _compiler_version(), "cpu_flags": board.cpu_flags,
             "family": board.family, "build_options": dict(sorted((build_options or {}).items())),
-            "firmware_sources": firmware_sources_hash()}
+            "firmware_sources": firmware_sources_hash(board.family)}
 
 
 def fit_key(options: Mapping[str, Any]) -> str:
@@ -171,6 +177,18 @@ def load_fit(out: Path, key: str) -> FitRecord | None:
                             if f.name in entry})
     except TypeError:
         return None
+
+
+def stale_fits(out: Path, pte_sha256: str, key: str) -> list[FitRecord]:
+    """Measurements of the same .pte under another key (another runtime, compiler or firmware
+    source): not used, but worth saying that --fit would refresh them."""
+    try:
+        data = json.loads((out / FIT_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [r for k, e in data.get("entries", {}).items() if k != key
+            for r in [load_fit(out, k)] if r is not None
+            and r.options.get("pte_sha256") == pte_sha256]
 
 
 def save_fit(out: Path, record: FitRecord, keep: int = 8) -> Path:

@@ -173,10 +173,21 @@ def plan_pte(board: Board, pte: Path, out: Path | None, progress: Progress, *,
                else Path("build") / board.name / pte.stem)
     program = inspect_pte(pte)
     options = fitting.fit_options(program, board, profile.cmake_definitions(board))
-    record = fitting.load_fit(out, fitting.fit_key(options))
+    record = _stored_fit(out, program, fitting.fit_key(options), progress)
+    return _plan_written(out, board, program, profile, record)
+
+
+def _stored_fit(out: Path, program: ProgramInfo, key: str,
+                progress: Progress) -> fitting.FitRecord | None:
+    """The measurement of this .pte on this runtime in <out>/fit.json, saying so; or None,
+    saying when one exists for another runtime or firmware source (not used)."""
+    record = fitting.load_fit(out, key)
     if record is not None:
         progress(f"pools, stack and heap from the measurement in {out / fitting.FIT_FILE}")
-    return _plan_written(out, board, program, profile, record)
+    elif fitting.stale_fits(out, program.sha256, key):
+        progress(f"{out / fitting.FIT_FILE} has a measurement of this .pte for another runtime "
+                 "or firmware source; not used (estimates instead): --fit measures again")
+    return record
 
 
 def _export_and_plan(board: Board, model: str, flow: str, out: Path,
@@ -190,7 +201,7 @@ def _export_and_plan(board: Board, model: str, flow: str, out: Path,
     # stack and heap exactly; without one the plan estimates them (docs/memory.md).
     options = fitting.fit_options(program, board, profile.cmake_definitions(board))
     key = fitting.fit_key(options)
-    record = fitting.load_fit(out, key) if profile.memory != "fixed" else None
+    record = _stored_fit(out, program, key, progress) if profile.memory != "fixed" else None
     plan = _plan_written(out, board, program, profile, record)
     return PlannedModel(exported, program, plan, record, key, options)
 
@@ -264,6 +275,7 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
         # with the same key shares one, wherever its output directory is.
         "DK_ET_RUNTIME_CACHE_DIR": str(ws.root / "runtime-cache"),
         "DK_ET_COMMIT": et_commit,
+        **({"DK_FLATC": flatc} if (flatc := wheel_flatc(ws.executorch_dir)) else {}),
         **profile.cmake_definitions(board),
     }
     if board.family == PICO_FAMILY:
@@ -365,6 +377,32 @@ def _footprint_of(firmware: Firmware, planned: PlannedModel, model: str,
     return footprint(firmware.sizes, title, peaks, source)
 
 
+def wheel_flatc(executorch_dir: Path) -> str | None:
+    """The executorch wheel's flatc, when it is the version of the source tree's flatbuffers:
+    the runtime build then needs no host flatc of its own (about a minute on 2 cores, the
+    larger part of a cold runtime build)."""
+    import re
+    import subprocess
+
+    try:
+        import executorch.data.bin as bin_dir
+    except ImportError:
+        return None
+    flatc = Path(next(iter(bin_dir.__path__))) / "flatc"
+    base = executorch_dir / "third-party/flatbuffers/include/flatbuffers/base.h"
+    if not flatc.is_file() or not base.is_file():
+        return None
+    parts = dict(re.findall(r"#define FLATBUFFERS_VERSION_(MAJOR|MINOR|REVISION) (\d+)",
+                            base.read_text()))
+    tree = ".".join(parts.get(k, "?") for k in ("MAJOR", "MINOR", "REVISION"))
+    try:
+        out = subprocess.run([str(flatc), "--version"], capture_output=True, text=True,
+                             timeout=10, check=False).stdout
+    except OSError:
+        return None
+    return str(flatc) if out.split()[-1:] == [tree] else None
+
+
 ETHOS_U_DRIVER = "ethos-u-core-driver"
 
 
@@ -424,7 +462,8 @@ class RunReport:
                 lines.append(
                     f"  output {o.index} {list(o.shape)}: max abs err {o.max_abs_error:.3g}, "
                     f"mean {o.mean_abs_error:.3g}, cosine {o.cosine_similarity:.6f}"
-                    + (f", top-1 {'agrees' if o.top1_agrees else 'DIFFERS'}"
+                    + (f", top-1 {'agrees' if o.top1_agrees else 'DIFFERS'}, top-"
+                       f"{min(5, o.shape[-1])} overlap {o.topk_overlap:.0%}"
                        if o.top1_agrees is not None else "")
                     + f" (atol {o.tolerance.atol:.3g}) {'ok' if o.passed else 'MISMATCH'}"
                     + (f": {o.problem}" if o.problem else ""))
@@ -453,7 +492,9 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
                  timeout: float, progress: Progress,
                  runner_options: dict | None = None, *,
                  inputs_dir: Path | None = None,
-                 profile: BuildProfile | None = None, fit: bool = False) -> RunReport:
+                 profile: BuildProfile | None = None, fit: bool = False,
+                 tolerance: Tolerance | None = None) -> RunReport:
+    """`tolerance` overrides the model's (its TOLERANCE, or the flow's default)."""
     built = build_firmware(board, model, flow, out, workspace, progress, inputs_dir=inputs_dir,
                            profile=profile, fit=fit, runner_options=runner_options,
                            timeout=timeout)
@@ -474,7 +515,8 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
             device.append(None if t is None else _as_host_dtype(
                 _logical(t.data, order), exported.output_quant[i]))
         device_sets.append(device)
-    verdict = compare_sets(device_sets, exported.reference_sets, Tolerance(**exported.tolerance))
+    verdict = compare_sets(device_sets, exported.reference_sets,
+                           tolerance or Tolerance(**exported.tolerance))
     device = device_sets[0]
     sets = _set_statistics(device_sets, exported.reference_sets, out / "export" / "labels.json")
     # Every run reports its peaks: one above its pool fails (the device refuses the allocation

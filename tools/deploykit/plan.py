@@ -269,8 +269,8 @@ def plan_memory(board: Board, program: ProgramInfo, *, method_pool: int | None =
     method, temp = align(method), align(temp)
     planned = tuple(align(s) for s in program.planned_buffers)
     model_region, npu_items, notes = _npu_items(board, program, npu or npu_config(board))
-    constant = (f"{program.constant_bytes:,} B of weights and constants, program and "
-                f"delegates; read in place")
+    constant = (f"the whole file, {program.constant_bytes:,} B of it weights and constants; "
+                "read in place")
     items = [
         PlanItem("model (.pte constant data)", "model", program.size, "pte", model_region,
                  constant),

@@ -1,0 +1,49 @@
+# key.cmake: the cache key of a cached ExecuTorch runtime build directory (included by
+# ExecuTorchRuntime.cmake; tests/unit/test_profiles.py runs it in script mode).
+#
+# dk_et_runtime_key(<key> <label> <text>): <text> lists every input the runtime's objects
+# depend on, one `name=value` line each; <key> is the first 16 hex digits of its SHA-256 and
+# <label> `et<version>-<core>` (the directory is <cache>/<label>-<key>). Inputs, from the
+# caller's scope: EXECUTORCH_SOURCE_DIR (version.txt is read), DK_ET_COMMIT, DK_CMSIS_NN_DIR,
+# _dk_flatc, the compilers and their versions, CMAKE_GENERATOR, CMAKE_TOOLCHAIN_FILE (hashed)
+# and DK_TOOLCHAIN_PREFIX, DK_GENERATED_DIR/board.cmake (DK_CPU_FLAGS, DK_CPU_CORE), the
+# firmware's C/C++ flags and those of the runtime's build type, and the build profile's
+# runtime options (docs/profiles.md): DK_ET_BUILD_TYPE, DK_ET_KERNEL_OPT, DK_ET_CMSIS_NN_OPT,
+# DK_ET_LOGGING, DK_ET_PIC, DK_LTO, plus DK_ET_FP_CONTRACT. The profile's link-time options
+# (kernel registry size, primitive operators, lean libc) are model-side: not in the key.
+function(dk_et_runtime_key out_key out_label out_text)
+  include(${DK_GENERATED_DIR}/board.cmake)  # DK_CPU_FLAGS, DK_CPU_CORE (function scope)
+  file(SHA256 ${CMAKE_TOOLCHAIN_FILE} _tc)
+  file(READ ${EXECUTORCH_SOURCE_DIR}/version.txt _etv)
+  string(STRIP "${_etv}" _etv)
+  string(TOUPPER "${DK_ET_BUILD_TYPE}" _bt)
+  set(_text "")
+  foreach(_item
+      "executorch=${_etv} ${EXECUTORCH_SOURCE_DIR}"
+      "cmsis_nn=${DK_CMSIS_NN_DIR}"
+      "flatc=${_dk_flatc}"
+      "cxx=${CMAKE_CXX_COMPILER} ${CMAKE_CXX_COMPILER_VERSION}"
+      "c=${CMAKE_C_COMPILER} ${CMAKE_C_COMPILER_VERSION}"
+      "generator=${CMAKE_GENERATOR}"
+      "toolchain=${CMAKE_TOOLCHAIN_FILE} ${_tc} ${DK_TOOLCHAIN_PREFIX}"
+      "cpu_flags=${DK_CPU_FLAGS}"
+      "c_flags=${CMAKE_C_FLAGS} | ${CMAKE_C_FLAGS_${_bt}}"
+      "cxx_flags=${CMAKE_CXX_FLAGS} | ${CMAKE_CXX_FLAGS_${_bt}}"
+      "build_type=${DK_ET_BUILD_TYPE}"
+      "kernel_opt=${DK_ET_KERNEL_OPT}"
+      "cmsis_nn_opt=${DK_ET_CMSIS_NN_OPT}"
+      "logging=${DK_ET_LOGGING}"
+      "pic=${DK_ET_PIC}"
+      "lto=${DK_LTO}"
+      "fp_contract=${DK_ET_FP_CONTRACT}"
+      "executorch_commit=${DK_ET_COMMIT}")
+    string(APPEND _text "${_item}\n")
+  endforeach()
+  string(SHA256 _h "${_text}")
+  string(SUBSTRING "${_h}" 0 16 _h)
+  set(_label "et${_etv}-${DK_CPU_CORE}")
+  string(REGEX REPLACE "[^A-Za-z0-9_.+-]" "_" _label "${_label}")
+  set(${out_key} ${_h} PARENT_SCOPE)
+  set(${out_label} ${_label} PARENT_SCOPE)
+  set(${out_text} "${_text}" PARENT_SCOPE)
+endfunction()
