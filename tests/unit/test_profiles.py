@@ -22,7 +22,7 @@ from deploykit.profiles import (
     resolve_profile,
     soft_float_flags,
 )
-from tests.markers import requires_cmake
+from tests.markers import requires_cmake, requires_sources
 
 RUNTIME_CMAKE = repo_root() / "cmake" / "ExecuTorchRuntime.cmake"
 KEY_CMAKE = repo_root() / "cmake" / "executorch-runtime" / "key.cmake"
@@ -232,3 +232,38 @@ def test_model_side_options_share_the_runtime(tmp_path):
     for var in MODEL_SIDE_OPTIONS:
         flipped = {"ON": "OFF", "OFF": "ON"}.get(base[var], "other")
         assert _key(tmp_path, {**base, var: flipped})[0] == key, var
+
+
+@requires_sources
+def test_only_the_models_primitive_operators_are_selected(tmp_path):
+    """A model's primitive operators (sym_size, et_view, ...) are listed in its operator list;
+    with DK_ET_MODEL_PRIM_OPS the registration compiles register_prim_ops.cpp with ExecuTorch's
+    prim-ops selective build and exactly those."""
+    import sys
+
+    from deploykit.sources import load_workspace
+
+    et = load_workspace().executorch_dir
+    ops = tmp_path / "ops.yaml"
+    ops.write_text("operators:\n  executorch_prim::et_view.default: {}\n"
+                   "  aten::_local_scalar_dense: {}\n  aten::relu.out: {}\n")
+    header = tmp_path / "prim" / "selected_prim_ops.h"
+    subprocess.run([sys.executable, str(repo_root() / "cmake/executorch_select_kernels.py"),
+                    f"--ops-yaml={ops}", f"--executorch-root={et}",
+                    f"--output={tmp_path / 'sel.cmake'}",
+                    f"--selected-prim-ops-header={header}"], check=True)
+    sel = (tmp_path / "sel.cmake").read_text()
+    assert 'set(DK_SEL_PORTABLE_OPS "aten::relu.out")' in sel
+    assert ('set(DK_SEL_MODEL_PRIM_OPS "aten::_local_scalar_dense;'
+            'executorch_prim::et_view.default")') in sel
+    assert "set(DK_SEL_MODEL_MAX_KERNEL_NUM 3)" in sel  # relu + 2 prim ops
+    assert "set(DK_SEL_MAX_KERNEL_NUM 29)" in sel  # relu + all 28
+    text = header.read_text()
+    assert "#define EXECUTORCH_ENABLE_PRIM_OPS_SELECTIVE_BUILD" in text
+    # The macros are register_prim_ops.cpp's own (upstream's name normalisation would give
+    # INCLUDE_ATEN__LOCAL_SCALAR_DENSE here).
+    assert "#define INCLUDE_ATEN_LOCAL_SCALAR_DENSE\n" in text
+    assert "#define INCLUDE_EXECUTORCH_PRIM_ET_VIEW_DEFAULT\n" in text
+    source = (et / "kernels/prim_ops/register_prim_ops.cpp").read_text()
+    for macro in re.findall(r"#define (INCLUDE_\w+)", text):
+        assert f"defined({macro})" in source

@@ -41,12 +41,30 @@ def test_unchanged_inputs_do_not_rewrite_files(tmp_path):
 
 
 def test_embedded_bytes_round_trip(tmp_path):
+    """model_pte.c assembles the .pte copy beside it in (.incbin); a new .pte changes it."""
     src = _model_sources()
     render_model_files(src, tmp_path)
+    assert (tmp_path / "model.pte").read_bytes() == src.pte
     text = (tmp_path / "model_pte.c").read_text()
-    body = text.split("= {", 1)[1].split("};", 1)[0]
-    data = bytes(int(tok, 16) for tok in body.replace("\n", " ").split(",") if tok.strip())
-    assert data == src.pte
+    assert '.incbin \\"model.pte\\"' in text
+    assert f"dk_model_pte_size = {len(src.pte)}u;" in text
+    render_model_files(_model_sources(b"other program"), tmp_path)
+    assert (tmp_path / "model.pte").read_bytes() == b"other program"
+    assert (tmp_path / "model_pte.c").read_text() != text
+
+
+@requires_toolchain
+def test_embedded_program_is_the_pte_in_its_section(tmp_path):
+    board = load_board("qemu-an505")
+    src = _model_sources()
+    render_model_files(src, tmp_path)
+    obj, raw = tmp_path / "model_pte.o", tmp_path / "dk_model.bin"
+    subprocess.run(["arm-none-eabi-gcc", *board.cpu_flags, "-std=c11", "-Wall", "-Wextra",
+                    "-Werror", f"-Wa,-I{tmp_path}", "-c", str(tmp_path / "model_pte.c"), "-o",
+                    str(obj)], check=True)
+    subprocess.run(["arm-none-eabi-objcopy", "-O", "binary", "-j", ".dk_model", str(obj),
+                    str(raw)], check=True)
+    assert raw.read_bytes() == src.pte
 
 
 @requires_toolchain
@@ -57,7 +75,7 @@ def test_generated_c_compiles_warning_free(tmp_path, board_name):
     render_board_files(board, tmp_path)
     for source in ("model_pte.c", "model_io.c"):
         subprocess.run(["arm-none-eabi-gcc", *board.cpu_flags, "-std=c11", "-Wall", "-Wextra",
-                        "-Werror", "-c", str(tmp_path / source), "-o",
+                        "-Werror", f"-Wa,-I{tmp_path}", "-c", str(tmp_path / source), "-o",
                         str(tmp_path / (source + ".o"))], check=True)
     probe = tmp_path / "probe.c"
     probe.write_text('#include "board_config.h"\n#include "model_config.h"\n'

@@ -124,7 +124,8 @@ class BuildProfile:
         mem = (f"fixed pools (method {self.fixed_method_pool // KIB} KiB, activations "
                f"{self.fixed_planned_pool // KIB} KiB, temp {self.fixed_temp_pool // KIB} KiB),"
                " the board's stack and heap" if self.memory == "fixed"
-               else "exact pools, stack and heap, measured on the target (fit)")
+               else "exact pools (modelled from the .pte; --fit measures pools, stack and "
+               "heap on the target and links them at peak + margin)")
         yes = {True: "on", False: "off"}
         return "\n".join([
             f"{self.name}: {self.summary}",

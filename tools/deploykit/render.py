@@ -22,6 +22,7 @@ from .fsutil import write_if_changed
 from .plan import MemoryPlan
 
 BOARD_TEMPLATES = ("board_config.h", "board.cmake", "memory.ld")
+PTE_FILE = "model.pte"  # the program beside model_pte.c, which .incbin's it
 MODEL_TEMPLATES = ("model_pte.h", "model_pte.c", "model_config.h", "model_io.h", "model_io.c")
 
 # numpy dtype → ExecuTorch ScalarType code (runtime/core/portable_type/scalar_type.h)
@@ -141,8 +142,12 @@ def render_model_files(model: ModelSources, out_dir: Path) -> GeneratedSources:
     input_sets = [_tensor_context(arrays, f"set{k}_input")
                   for k, arrays in enumerate(model.input_sets)]
     inputs = [t for tensors in input_sets for t in tensors]
+    # model_pte.c assembles the program in with .incbin from this copy (docs/generated-files.md).
+    pte_file = Path(out_dir) / PTE_FILE
+    write_if_changed(pte_file, model.pte)
     context = {
         "pte": model.pte,
+        "pte_name": PTE_FILE,
         "pte_sha256": pte_sha[:16],
         "inputs_sha256": hashlib.sha256(b"".join(t["data"] for t in inputs)).hexdigest()[:16],
         "inputs": inputs,
