@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .boards import Board, repo_root
-from .cmake_driver import cmake_build
+from .cmake_driver import CMakeResult, cmake_build
 from .errors import BuildError, MemoryPlanError
 from .fsutil import write_if_changed
 from .sizes import SizeReport, size_report
@@ -186,15 +186,20 @@ def build_image(board: Board, generated_dir: Path, build_dir: Path, firmware: st
             **(definitions or {})}
     result = cmake_build(repo_root() / "firmware", build_dir, defs, toolchain_file(),
                          progress=progress)
+    elf, map_file = _built_image(build_dir, firmware, result)
+    return Firmware(board.name, elf, map_file, size_report(map_file), result.configure_seconds,
+                    result.build_seconds, result.log)
+
+
+def _built_image(build_dir: Path, firmware: str, result: CMakeResult) -> tuple[Path, Path]:
+    """The ELF and map file a finished build of `firmware` must have produced."""
     target = {"selftest": "dk_selftest", "runner": "dk_runner"}[firmware]
-    elf = build_dir / f"{target}.elf"
-    map_file = build_dir / f"{target}.map"
+    elf, map_file = build_dir / f"{target}.elf", build_dir / f"{target}.map"
     if not elf.exists():
         raise BuildError(f"The build finished but {elf} is missing.",
                          "Check the firmware CMake project's target names.",
                          log_path=str(result.log))
-    return Firmware(board.name, elf, map_file, size_report(map_file), result.configure_seconds,
-                    result.build_seconds, result.log)
+    return elf, map_file
 
 
 # ---- boards built through the pico-sdk (family rp2350) ----------------------------------------
@@ -252,13 +257,7 @@ def build_pico_image(board: Board, generated_dir: Path, build_dir: Path, firmwar
     write_if_changed(generated_dir / "pico_board.cmake", pico_board_cmake(board))
     result = cmake_build(repo_root() / "firmware" / "pico", build_dir, defs, toolchain_file(),
                          progress=progress)
-    target = {"selftest": "dk_selftest", "runner": "dk_runner"}[firmware]
-    elf = build_dir / f"{target}.elf"
-    map_file = build_dir / f"{target}.map"
-    if not elf.exists():
-        raise BuildError(f"The build finished but {elf} is missing.",
-                         "Check firmware/pico/CMakeLists.txt's target names.",
-                         log_path=str(result.log))
+    elf, map_file = _built_image(build_dir, firmware, result)
     fit = memory_fit(elf, board)
     check_fit(fit, elf)
     flash = board.region_for("code")
