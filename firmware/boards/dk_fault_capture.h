@@ -19,6 +19,13 @@ extern "C" {
 int dk_fault_capture(const uint32_t *frame, uint32_t exc_return, uintptr_t stack_limit,
                      uintptr_t stack_top, dk_fault_regs_t *regs);
 
+/* The active exception number (IPSR): 3 HardFault, 4 MemManage, ..., 16+ an IRQ. */
+static inline uint32_t dk_fault_exception_number(void) {
+  uint32_t ipsr;
+  __asm__ volatile("mrs %0, ipsr" : "=r"(ipsr));
+  return ipsr & 0x1FFu;
+}
+
 /* Send a log record "fault: <name> (exception <n>)" for IPSR value `exc`, without printf. */
 void dk_fault_log_exception(uint32_t exc);
 

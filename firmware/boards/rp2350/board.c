@@ -241,9 +241,7 @@ __attribute__((used)) void dk_fault_report(const uint32_t *frame, uint32_t exc_r
   if (dk_in_fault) watchdog_reboot(0u, 0u, 0u); /* a fault while reporting one */
   dk_in_fault = 1;
   dk_fault_regs_t r;
-  uint32_t exc;
-  __asm__ volatile("mrs %0, ipsr" : "=r"(exc));
-  exc &= 0x1FFu;
+  const uint32_t exc = dk_fault_exception_number();
   const int frame_lost = dk_fault_capture(frame, exc_return, (uintptr_t)__dk_stack_limit,
                                           (uintptr_t)__dk_stack_top, &r);
 
