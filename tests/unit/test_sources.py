@@ -21,13 +21,29 @@ def upstream(tmp_path):
     repos = {}
     for project in read_manifest():
         repo = tmp_path / "upstream" / project.name
-        repo.mkdir(parents=True)
-        _git(repo, "init", "-q")
-        (repo / "README").write_text(f"{project.name}\n")
-        _git(repo, "add", "README")
-        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
-        repos[project.name] = (repo, _git(repo, "rev-parse", "HEAD"))
+        files = {"README": f"{project.name}\n", **_TREES.get(project.name, {})}
+        repos[project.name] = (repo, _repo_with(repo, files))
     return repos
+
+
+def _repo_with(repo, files, tag=None):
+    repo.mkdir(parents=True, exist_ok=True)
+    _git(repo, "init", "-q")
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    if tag:
+        _git(repo, "tag", tag)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+# The files setup checks for in the Ethos-U projects (the trees' contents do not matter here).
+_TREES = {
+    sources.ETHOS_U_DRIVER: {f: "" for f in sources.DRIVER_FILES},
+    sources.CMSIS: {f: "" for f in sources.CMSIS_FILES},
+}
 
 
 def test_override_parsing():
@@ -96,3 +112,52 @@ def test_without_network_setup_prints_the_override_instructions(tmp_path, upstre
         sources.setup(tmp_path / "ws", [SourceOverride("executorch", repo, commit)],
                       progress=lambda _m: None)
     assert "--source flatbuffers=PATH@595bf0007ab1929570c7671f091313c8fc20644e" in exc.value.hint
+
+
+def _ws_with_driver(tmp_path, upstream, driver_files, tag=None, rev=None):
+    """A workspace whose ethos-u-core-driver is a local repository with `driver_files`."""
+    driver = tmp_path / "driver-src"
+    commit = _repo_with(driver, driver_files, tag)
+    overrides = [SourceOverride(name, repo, commit) for name, (repo, commit) in upstream.items()
+                 if name != sources.ETHOS_U_DRIVER]
+    overrides.append(SourceOverride(sources.ETHOS_U_DRIVER, driver, rev or commit))
+    return sources.setup(tmp_path / "ws", overrides, progress=lambda _m: None), commit
+
+
+def test_driver_layouts_and_the_pinned_release(tmp_path, upstream):
+    """Arm's repository at its 26.02 tag is the pin; the Zephyr module (same driver at the root,
+    plus zephyr/module.yml naming hal_ethos_u) is accepted and reported, with a warning."""
+    from deploykit.doctor import ethos_u_checks
+
+    arm = {f: "" for f in sources.DRIVER_FILES}
+    ws, commit = _ws_with_driver(tmp_path / "a", upstream, arm, tag="26.02", rev="26.02")
+    info = sources.ethos_u_driver_info(ws)
+    assert (info.layout, info.tags, info.revision, info.is_pinned) == (
+        "arm", ("26.02",), "26.02", True)
+    driver_check = next(c for c in ethos_u_checks(ws) if c.name == sources.ETHOS_U_DRIVER)
+    assert driver_check.ok and not driver_check.warning
+    assert "Arm's ethos-u-core-driver repository" in driver_check.detail
+
+    zephyr = {**arm, "zephyr/module.yml": "name: hal_ethos_u\n"}
+    ws, commit = _ws_with_driver(tmp_path / "z", upstream, zephyr)
+    info = sources.ethos_u_driver_info(ws)
+    assert (info.layout, info.is_pinned) == ("zephyr-module", False)
+    driver_check, cmsis_check = ethos_u_checks(ws)
+    assert driver_check.ok and driver_check.warning
+    assert driver_check.detail.startswith(
+        f"the Zephyr module zephyrproject-rtos/hal_ethos_u, commit {commit[:12]}")
+    assert "not the pinned release 26.02" in driver_check.detail
+    assert cmsis_check.ok and cmsis_check.name == sources.CMSIS
+
+
+def test_a_copy_that_is_not_the_driver_is_refused(tmp_path, upstream):
+    with pytest.raises(ConfigError, match="not the Ethos-U core driver"):
+        _ws_with_driver(tmp_path, upstream, {"README": "something else\n"})
+
+
+def test_manifest_drops_the_platform_and_adds_cmsis_6():
+    pins = {p.name: p for p in read_manifest()}
+    assert "ethos-u-core-platform" not in pins
+    assert pins["cmsis"].url == "https://github.com/ARM-software/CMSIS_6"
+    assert pins["cmsis"].groups == ("ethos-u",) and pins["cmsis"].optional
+    assert pins["ethos-u-core-driver"].revision == "26.02"

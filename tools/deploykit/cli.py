@@ -218,8 +218,9 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         return 0
     if cmd == "doctor":
         checks = api.doctor(args.workspace)
-        lines = [f"{'ok ' if c.ok else 'NO '} {c.name:<18} {c.detail}"
-                 + (f"\n     fix: {c.fix}" if c.fix and not c.ok else "") for c in checks]
+        lines = [f"{('warn' if c.warning else 'ok  ') if c.ok else 'NO  '} {c.name:<19} "
+                 f"{c.detail}" + (f"\n      fix: {c.fix}" if c.fix and (c.warning or not c.ok)
+                                  else "") for c in checks]
         out.result(checks, "\n".join(lines))
         return 0 if all(c.ok for c in checks) else int(ExitCode.ENVIRONMENT)
     if cmd == "setup":

@@ -10,7 +10,15 @@ from importlib import metadata
 from pathlib import Path
 
 from .errors import DeployKitError, EnvironmentProblem
-from .sources import check_executorch_commit, load_workspace
+from .sources import (
+    CMSIS,
+    ETHOS_U_DRIVER,
+    Workspace,
+    check_executorch_commit,
+    ethos_u_driver_info,
+    load_workspace,
+    read_manifest,
+)
 
 PINNED = {"torch": "2.13.0", "executorch": "1.4.1"}
 APT_PACKAGES = ("gcc-arm-none-eabi libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib "
@@ -24,6 +32,7 @@ class Check:
     detail: str
     fix: str = ""
     required_for: str = "build"
+    warning: bool = False  # ok, but worth a look (printed `warn`, exit code unaffected)
 
 
 def _tool_version(tool: str, args: tuple[str, ...] = ("--version",)) -> str | None:
@@ -55,6 +64,7 @@ def run_checks(workspace: Path | None = None) -> list[Check]:
         version = _tool_version(tool)
         checks.append(Check(tool, version is not None, version or "not found",
                             "" if version else f"apt-get install {APT_PACKAGES}", purpose))
+    ws = None
     try:
         ws = load_workspace(workspace)
         commit = check_executorch_commit(ws)
@@ -62,6 +72,47 @@ def run_checks(workspace: Path | None = None) -> list[Check]:
                             required_for="firmware"))
     except DeployKitError as exc:
         checks.append(Check("sources", False, exc.cause, exc.hint, "firmware"))
+    if ws is not None:
+        checks += ethos_u_checks(ws)
+    return checks
+
+
+def ethos_u_checks(ws: Workspace) -> list[Check]:
+    """The Ethos-U core driver and CMSIS_6 (group ethos-u): optional, needed only by NPU
+    firmware (ethos_u_int8 on corstone-300/320). The driver's layout (Arm's repository or the
+    Zephyr module) and revision are reported; another revision than the pinned release is a
+    warning, not an error."""
+    pins = {p.name: p for p in read_manifest()}
+    info = ethos_u_driver_info(ws)
+    need = "needed only for NPU firmware (ethos_u_int8)"
+    fix = (f"deploykit setup --group ethos-u, or --source {ETHOS_U_DRIVER}=PATH@REV "
+           f"--source {CMSIS}=PATH@{pins[CMSIS].revision[:12]}")
+    if info is None:
+        return [Check(ETHOS_U_DRIVER, True, f"not in the workspace ({need})", fix,
+                      "NPU firmware")]
+    checks = []
+    if info.layout is None:
+        checks.append(Check(ETHOS_U_DRIVER, False, f"{ws.path_of(ETHOS_U_DRIVER)} is not the "
+                            "Ethos-U core driver", fix, "NPU firmware"))
+    elif info.is_pinned:
+        checks.append(Check(ETHOS_U_DRIVER, True, f"{info.describe()}: the pinned release "
+                            f"{info.pinned}", required_for="NPU firmware"))
+    else:
+        checks.append(Check(
+            ETHOS_U_DRIVER, True, f"{info.describe()}: not the pinned release {info.pinned} "
+            f"(the one ExecuTorch v1.4.1 uses); NPU firmware builds with it",
+            f"for the pinned release: --source {ETHOS_U_DRIVER}=PATH@{info.pinned} "
+            f"({pins[ETHOS_U_DRIVER].url})", "NPU firmware", warning=True))
+    if ws.has(CMSIS):
+        state = ws.projects[CMSIS]
+        tags = f" (tag {', '.join(state.tags)})" if state.tags else ""
+        pinned = state.commit == pins[CMSIS].revision
+        checks.append(Check(CMSIS, True, f"commit {state.commit[:12]}{tags}"
+                            + ("" if pinned else f", not the pinned {pins[CMSIS].revision[:12]}"),
+                            required_for="NPU firmware", warning=not pinned))
+    else:
+        checks.append(Check(CMSIS, False, "not in the workspace; the Ethos-U driver needs its "
+                            "CMSIS/Core/Include", fix, "NPU firmware"))
     return checks
 
 

@@ -73,6 +73,11 @@ class ProjectState:
     commit: str
     origin: str  # "west" or "override:<path>"
     missing_files: tuple[str, ...] = ()
+    # What was asked for (`@REV`, else the pin), the tags naming `commit` in the source
+    # repository and the commit's date: how `doctor` tells a pinned release from another copy.
+    revision: str = ""
+    tags: tuple[str, ...] = ()
+    date: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,8 +140,7 @@ def load_workspace(explicit: Path | None = None) -> Workspace:
             "without GitHub access; see README), or point --workspace / "
             f"${WORKSPACE_ENV} at an existing workspace.")
     data = json.loads(state.read_text())
-    projects = {p["name"]: ProjectState(**{**p, "missing_files": tuple(p["missing_files"])})
-                for p in data["projects"]}
+    projects = {p["name"]: _project_state(p) for p in data["projects"]}
     ws = Workspace(root, projects)
     for project in read_manifest():
         if project.optional:
@@ -146,6 +150,11 @@ def load_workspace(explicit: Path | None = None) -> Workspace:
                 f"The workspace at {root} lacks project '{project.name}'.",
                 "Run `deploykit setup` again.")
     return ws
+
+
+def _project_state(data: dict) -> ProjectState:
+    return ProjectState(**{**data, "missing_files": tuple(data.get("missing_files", ())),
+                           "tags": tuple(data.get("tags", ()))})
 
 
 def require_projects(ws: Workspace, names: list[str], why: str) -> None:
@@ -219,6 +228,91 @@ def _extract(repo: Path, commit: str, dest: Path) -> list[str]:
     return missing
 
 
+def _tags_at(repo: Path, commit: str) -> tuple[str, ...]:
+    res = _git(repo, "tag", "--points-at", commit)
+    return tuple(sorted(res.stdout.split())) if res.returncode == 0 else ()
+
+
+def _commit_date(repo: Path, commit: str) -> str:
+    res = _git(repo, "log", "-1", "--format=%cs", commit)
+    return res.stdout.strip() if res.returncode == 0 else ""
+
+
+# ---- the Ethos-U core driver and CMSIS (group ethos-u) ----------------------------------------
+
+ETHOS_U_DRIVER = "ethos-u-core-driver"
+CMSIS = "cmsis"
+# What the firmware build compiles (cmake/ethos-u): the driver's sources and its CMake project,
+# identical in Arm's repository and in the Zephyr module.
+DRIVER_FILES = ("CMakeLists.txt", "include/ethosu_driver.h", "include/pmu_ethosu.h",
+                "src/ethosu_driver.c", "src/ethosu_pmu.c", "src/ethosu_device_u55_u65.c",
+                "src/ethosu_device_u85.c")
+CMSIS_FILES = ("CMSIS/Core/Include/cmsis_compiler.h",)
+LAYOUTS = {
+    "arm": "Arm's ethos-u-core-driver repository",
+    "zephyr-module": "the Zephyr module zephyrproject-rtos/hal_ethos_u",
+}
+
+
+def ethos_u_driver_layout(tree: Path) -> str | None:
+    """`arm` (Arm's repository: the driver at the root), `zephyr-module` (the same driver at the
+    root plus zephyr/module.yml naming hal_ethos_u), or None when `tree` is not the driver."""
+    if not all((tree / f).is_file() for f in DRIVER_FILES):
+        return None
+    module = tree / "zephyr" / "module.yml"
+    if module.is_file() and "hal_ethos_u" in module.read_text(errors="replace"):
+        return "zephyr-module"
+    return "arm"
+
+
+def _check_tree(name: str, tree: Path, override: SourceOverride) -> None:
+    """Refuse a local copy that is not the project (the build would fail much later)."""
+    if name == ETHOS_U_DRIVER and ethos_u_driver_layout(tree) is None:
+        missing = [f for f in DRIVER_FILES if not (tree / f).is_file()]
+        raise ConfigError(
+            f"--source {name}={override.path}: not the Ethos-U core driver (lacks "
+            f"{', '.join(missing)}).",
+            "Give Arm's ethos-u-core-driver repository or the Zephyr module "
+            "zephyrproject-rtos/hal_ethos_u (the driver at the repository root).")
+    if name == CMSIS and not all((tree / f).is_file() for f in CMSIS_FILES):
+        raise ConfigError(f"--source {name}={override.path}: not CMSIS_6 (lacks "
+                          f"{CMSIS_FILES[0]}).", "Give a copy of ARM-software/CMSIS_6.")
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """What the workspace's Ethos-U core driver is, for `doctor` and build messages."""
+
+    layout: str | None  # arm, zephyr-module, None (not the driver)
+    commit: str
+    revision: str  # asked for (`@REV`), or the pin
+    tags: tuple[str, ...]
+    date: str
+    pinned: str  # the manifest's release tag
+    origin: str = ""  # "west" or "override:<path>"
+
+    @property
+    def is_pinned(self) -> bool:
+        """The release west.yml pins: a tag of that name at the commit, or fetched by west."""
+        return self.pinned in self.tags or (self.origin == "west"
+                                            and self.revision == self.pinned)
+
+    def describe(self) -> str:
+        what = LAYOUTS.get(self.layout or "", "not the Ethos-U core driver")
+        tags = f" (tag {', '.join(self.tags)})" if self.tags else ""
+        date = f", {self.date}" if self.date else ""
+        return f"{what}, commit {self.commit[:12]}{tags}{date}"
+
+
+def ethos_u_driver_info(ws: Workspace) -> DriverInfo | None:
+    if not ws.has(ETHOS_U_DRIVER):
+        return None
+    state = ws.projects[ETHOS_U_DRIVER]
+    pin = next(p for p in read_manifest() if p.name == ETHOS_U_DRIVER)
+    return DriverInfo(ethos_u_driver_layout(ws.path_of(ETHOS_U_DRIVER)), state.commit,
+                      state.revision, state.tags, state.date, pin.revision, state.origin)
+
+
 def _is_git_repo(path: Path) -> bool:
     return path.is_dir() and _git(path, "rev-parse", "--git-dir").returncode == 0
 
@@ -252,7 +346,7 @@ def setup(workspace: Path | None = None, overrides: list[SourceOverride] | None 
     state_path = root / STATE_FILE
     if state_path.exists():
         for p in json.loads(state_path.read_text())["projects"]:
-            previous[p["name"]] = ProjectState(**{**p, "missing_files": tuple(p["missing_files"])})
+            previous[p["name"]] = _project_state(p)
     # Optional projects: asked for by group or override, or already in the workspace.
     projects = [p for p in all_projects
                 if not p.optional or p.name in chosen or p.name in previous
@@ -285,9 +379,12 @@ def setup(workspace: Path | None = None, overrides: list[SourceOverride] | None 
         if missing:
             progress(f"{project.name}: {len(missing)} file(s) absent from the local copy "
                      f"were skipped (for example {missing[0]})")
+        _check_tree(project.name, dest, override)
         reextracted.append(project.path)
-        states[project.name] = ProjectState(project.name, project.path, commit, origin,
-                                            tuple(missing))
+        states[project.name] = ProjectState(
+            project.name, project.path, commit, origin, tuple(missing),
+            revision=override.revision or project.revision,
+            tags=_tags_at(override.path, commit), date=_commit_date(override.path, commit))
 
     if pending_west:
         states.update(_west_update(root, pending_west, progress,
@@ -333,7 +430,9 @@ def _west_update(root: Path, projects: list[Project], progress: Callable[[str], 
     states = {}
     for p in projects:
         commit = _git(root / p.path, "rev-parse", "HEAD").stdout.strip()
-        states[p.name] = ProjectState(p.name, p.path, commit, "west")
+        states[p.name] = ProjectState(p.name, p.path, commit, "west", revision=p.revision,
+                                      tags=_tags_at(root / p.path, commit),
+                                      date=_commit_date(root / p.path, commit))
     return states
 
 
