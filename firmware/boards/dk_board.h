@@ -58,6 +58,24 @@ size_t dk_heap_size(void);
  * An interrupt that fires without a handler is reported as a fault. */
 int dk_irq_set_handler(unsigned irq, void (*handler)(void));
 
+/* Optional: enable external interrupt `irq` in the interrupt controller, for an interrupt whose
+ * vector slot the generated vector table fills directly (the NPU's, irq_vectors.h). Returns 0,
+ * or -1 when `irq` is out of range or the board has no support. */
+int dk_irq_enable(unsigned irq);
+
+/* Optional (families with devices that may be absent, e.g. an NPU): read the 32-bit register at
+ * `addr` and return 0, or return -1 when the read raises a bus fault (nothing answers there),
+ * leaving *value untouched. The fault is absorbed, not reported. */
+int dk_probe_read32(uintptr_t addr, uint32_t *value);
+
+/* Optional (families whose cores have a data cache): cache maintenance for memory that another
+ * bus master (an NPU, a DMA) reads or writes. clean: write the dirty lines of [addr, addr+size)
+ * to memory, so the other master reads what the CPU wrote; clean_invalidate: also drop the
+ * lines, so the CPU's next read fetches what the other master wrote. Whole lines are affected
+ * (the range is widened to line boundaries). No-ops while the data cache is off. */
+void dk_dcache_clean(const void *addr, size_t size);
+void dk_dcache_clean_invalidate(const void *addr, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -78,6 +78,9 @@ class NpuConfig:
     memory_modes: tuple[str, ...]  # the modes this board allows (first: the board's default)
     sram_region: str  # memory region behind the NPU's AXI0 (SRAM) port
     ext_region: str  # memory region behind AXI1 (DRAM/flash)
+    ns_base: int | None = None  # the non-secure alias of `base`
+    secure_enable: bool | None = None  # ethosu_init's; None: the firmware's security state
+    privilege_enable: bool = True
 
     @property
     def target(self) -> str:
@@ -127,7 +130,10 @@ def npu_config(board: Any) -> NpuConfig | None:
                               f"Regions: {', '.join(sorted(names))}.")
     return NpuConfig(type=npu_type, macs=macs, base=int(raw["base"]), irq=int(raw["irq"]),
                      system_config=vela["system_config"], memory_mode=mode, memory_modes=modes,
-                     sram_region=raw["axi"]["sram"], ext_region=raw["axi"]["ext"])
+                     sram_region=raw["axi"]["sram"], ext_region=raw["axi"]["ext"],
+                     ns_base=int(raw["ns_base"]) if "ns_base" in raw else None,
+                     secure_enable=raw.get("secure_enable"),
+                     privilege_enable=bool(raw.get("privilege_enable", True)))
 
 
 def check_macs(npu_type: str, macs: int, where: str = "--npu-macs") -> int:
@@ -191,3 +197,97 @@ def with_npu_overrides(board: Any, macs: int | None = None,
 
 def _name(board: Any) -> str:
     return board.get("name", "?") if isinstance(board, dict) else getattr(board, "name", "?")
+
+
+# ---- the NPU firmware (ethos_u_int8 on a board with an `npu:` section) -----------------------
+#
+# What the firmware build needs beyond the CPU-only runner, each from one place:
+#   - board facts -> board_config.h and irq_vectors.h (render_board_files, npu_board_facts):
+#     the NPU's base address in the firmware's security state, its IRQ (whose vector slot gets
+#     the driver's handler), ethosu_init's secure_enable/privilege_enable;
+#   - the plan's placement -> memory.ld (render_board_files(plan=...), npu_placement): the model,
+#     the scratch (the temp pool EthosUBackend allocates it from) and the fast arena in the
+#     regions the Vela memory mode needs, and their sizes -> model_config.h (npu_plan_sizes);
+#   - sources and options -> CMake (npu_firmware_definitions).
+
+NPU_SCRATCH_ITEM = "Ethos-U scratch"  # plan item names (plan._npu_items)
+NPU_FAST_ITEM = "Ethos-U fast scratch"
+
+
+def npu_board_facts(board: Any) -> dict[str, Any] | None:
+    """The NPU facts the generated board files carry, or None without an `npu:` section.
+
+    The base address is the alias of the firmware's security state (`cpu.security`, default
+    secure; the MPS family's start-up runs secure). secure_enable defaults to that state too."""
+    npu = npu_config(board)
+    if npu is None:
+        return None
+    cpu = board.get("cpu", {}) if isinstance(board, dict) else getattr(board, "cpu", {})
+    security = cpu.get("security", "secure")
+    if security == "secure":
+        base = npu.base
+    elif npu.ns_base is not None:
+        base = npu.ns_base
+    else:
+        raise ConfigError(f"board {_name(board)}: cpu.security is non-secure but npu has no "
+                          "ns_base.", "Add npu.ns_base (the NPU's non-secure alias).")
+    secure = npu.secure_enable if npu.secure_enable is not None else security == "secure"
+    return {"type": npu.type, "macs": npu.macs, "target": npu.target, "base": base,
+            "irq": npu.irq, "security": security, "secure_enable": bool(secure),
+            "privilege_enable": npu.privilege_enable}
+
+
+def npu_placement(plan: Any) -> dict[str, str]:
+    """Where the plan put the NPU's items: {"model", "npu_scratch", "npu_fast"} -> region, for
+    the generated memory.ld (REGION_ALIAS DK_MODEL, DK_NPU_SCRATCH, DK_NPU_FAST). Empty for a
+    plan without Ethos-U delegates. The plan decided (plan._npu_items, from the memory mode and
+    the board's npu.axi map); this only reads it."""
+    items = [i for i in plan.items if i.kind == "npu_scratch"]
+    if not items:
+        return {}
+    placement = {"model": next(i.region for i in plan.items if i.kind == "model")}
+    for item in items:
+        key = "npu_fast" if item.name.startswith(NPU_FAST_ITEM) else "npu_scratch"
+        placement[key] = item.region
+    placement.setdefault("npu_fast", placement["npu_scratch"])
+    return placement
+
+
+def npu_plan_sizes(plan: Any) -> tuple[int, int]:
+    """(Vela scratch, fast arena) bytes of the plan; (0, 0) without Ethos-U delegates."""
+    scratch = fast = 0
+    for item in plan.items:
+        if item.kind != "npu_scratch":
+            continue
+        if item.name.startswith(NPU_FAST_ITEM):
+            fast = item.size
+        else:
+            scratch = item.size
+    return scratch, fast
+
+
+def npu_firmware_definitions(board: Any, workspace: Any, plan: Any) -> dict[str, str]:
+    """The CMake definitions of an NPU firmware build, {} when there is nothing to add.
+
+    NPU parts are built when the board has an `npu:` section and the plan has Ethos-U
+    delegates (an ethos_u_int8 export); then the workspace must hold the Ethos-U core driver
+    (Arm's repository or the Zephyr module, `deploykit setup --source
+    ethos-u-core-driver=PATH@REV`) and CMSIS_6, else EnvironmentProblem says how to add them.
+
+    DK_ETHOS_U=ON, DK_ETHOS_U_DRIVER_DIR, DK_CMSIS_DIR, DK_ETHOS_U_NPU_CONFIG (the driver's
+    ETHOSU_TARGET_NPU_CONFIG, e.g. ethos-u85-256: the board's npu type and MACs, overrides
+    applied) and DK_ETHOS_U_DRIVER_COMMIT (part of the runtime cache key)."""
+    from .sources import CMSIS, ETHOS_U_DRIVER, require_projects
+
+    npu = npu_config(board)
+    if npu is None or not npu_placement(plan):
+        return {}
+    require_projects(workspace, [ETHOS_U_DRIVER, CMSIS],
+                     f"The firmware for the {npu.target} NPU of {_name(board)}")
+    return {
+        "DK_ETHOS_U": "ON",
+        "DK_ETHOS_U_DRIVER_DIR": str(workspace.path_of(ETHOS_U_DRIVER)),
+        "DK_CMSIS_DIR": str(workspace.path_of(CMSIS)),
+        "DK_ETHOS_U_NPU_CONFIG": npu.target,
+        "DK_ETHOS_U_DRIVER_COMMIT": workspace.projects[ETHOS_U_DRIVER].commit,
+    }

@@ -198,8 +198,8 @@ def _npu_items(board: Board, program: ProgramInfo,
         notes.append(f"The .pte was compiled for memory mode {mode}; the board's is "
                      f"{npu.memory_mode}. Planned for {mode}.")
     notes.append("ExecuTorch's EthosUBackend takes the Vela scratch from the temp allocator at "
-                 "execute: the 'Ethos-U scratch' item is that share of the temp pool, placed "
-                 "where the memory mode needs it.")
+                 "execute: the firmware's temp pool is the 'temp pool' item plus the 'Ethos-U "
+                 "scratch' item, one block placed where the memory mode needs the scratch.")
     layout = memory_mode_layout(mode)
     scratch = max(d.scratch_size or 0 for d in vela)
     items = [PlanItem(f"Ethos-U scratch ({mode}, largest of {len(vela)} delegate"
@@ -211,6 +211,10 @@ def _npu_items(board: Board, program: ProgramInfo,
                               layout.fast_scratch, "board", npu.sram_region,
                               "the memory mode's SRAM cache of the scratch"))
     return npu.region_of(layout.model), items, notes
+
+
+def _npu_scratch_region(npu_items: list[PlanItem]) -> str | None:
+    return next((i.region for i in npu_items if not i.name.startswith("Ethos-U fast")), None)
 
 
 def _cmsis_item(program: ProgramInfo) -> PlanItem | None:
@@ -284,7 +288,10 @@ def plan_memory(board: Board, program: ProgramInfo, *, method_pool: int | None =
     items += [
         *npu_items,
         PlanItem("method pool", "pools", method, method_src, None, method_how),
-        PlanItem("temp pool", "pools", temp, temp_src, None, temp_how),
+        # EthosUBackend allocates the Vela scratch from the temp allocator: the firmware puts
+        # the temp pool beside the scratch (the same block, DK_NPU_SCRATCH in memory.ld).
+        PlanItem("temp pool", "pools", temp, temp_src, _npu_scratch_region(npu_items),
+                 temp_how),
         PlanItem("stack", "stack", stack, stack_src, None, stack_how),
         PlanItem("heap", "heap", heap, heap_src, None, heap_how),
     ]

@@ -21,7 +21,7 @@ from .boards import Board
 from .fsutil import write_if_changed
 from .plan import MemoryPlan
 
-BOARD_TEMPLATES = ("board_config.h", "board.cmake", "memory.ld")
+BOARD_TEMPLATES = ("board_config.h", "irq_vectors.h", "board.cmake", "memory.ld")
 PTE_FILE = "model.pte"  # the program beside model_pte.c, which .incbin's it
 MODEL_TEMPLATES = ("model_pte.h", "model_pte.c", "model_config.h", "model_io.h", "model_io.c")
 
@@ -100,18 +100,30 @@ def _render_all(names: Sequence[str], context: dict[str, Any], out_dir: Path) ->
 
 
 def render_board_files(board: Board, out_dir: Path,
-                       stack_heap_source: str = "the board file") -> GeneratedSources:
-    """board_config.h, board.cmake and memory.ld from the board file. A build that sizes the
-    stack and heap itself (deploykit build --fit) passes the board with its stack_size and
-    heap_size replaced, and says so in `stack_heap_source`; the board file stays the source of
-    the defaults."""
+                       stack_heap_source: str = "the board file",
+                       plan: MemoryPlan | None = None) -> GeneratedSources:
+    """board_config.h, irq_vectors.h, board.cmake and memory.ld from the board file. A build
+    that sizes the stack and heap itself (deploykit build --fit) passes the board with its
+    stack_size and heap_size replaced, and says so in `stack_heap_source`; the board file stays
+    the source of the defaults. With `plan`, a program with Ethos-U delegates gets the model,
+    the NPU scratch (with the temp pool) and the fast arena linked where the plan put them
+    (the Vela memory mode's regions, npu.npu_placement); without one they follow the board's
+    `placement` (model) and `pools`."""
+    from .npu import npu_placement
+
     board_ctx = board.as_template_context()
-    sized = _render_all(("board_config.h", "memory.ld"),
+    placement = dict(board_ctx["placement"])
+    placement.setdefault("npu_scratch", placement["pools"])
+    placement.setdefault("npu_fast", placement["pools"])
+    if plan is not None:
+        placement.update(npu_placement(plan))
+    board_ctx["placement"] = placement
+    sized = _render_all(("board_config.h", "irq_vectors.h", "memory.ld"),
                         {"board": board_ctx, "stack_heap_source": stack_heap_source}, out_dir)
     # board.cmake holds CPU facts only: keep stack and heap out of its inputs, so a fitted
     # stack does not rewrite it (which would reconfigure the firmware build).
     cpu = _render_all(("board.cmake",), {"board": {k: v for k, v in board_ctx.items()
-                                                   if k not in ("stack_size", "heap_size")}},
+                                                   if k in ("name", "family", "cpu")}},
                       out_dir)
     files = {f.name: f for f in (*sized.files, *cpu.files)}
     return GeneratedSources(out_dir, tuple(files[n] for n in BOARD_TEMPLATES),
@@ -138,7 +150,10 @@ def _tensor_context(arrays: Sequence[np.ndarray], prefix: str) -> list[dict[str,
 
 def render_model_files(model: ModelSources, out_dir: Path) -> GeneratedSources:
     """The embedded `.pte`, pool sizes, inputs and host-expected outputs."""
+    from .npu import npu_plan_sizes
+
     pte_sha = hashlib.sha256(model.pte).hexdigest()
+    npu_scratch, npu_fast = npu_plan_sizes(model.plan)
     input_sets = [_tensor_context(arrays, f"set{k}_input")
                   for k, arrays in enumerate(model.input_sets)]
     inputs = [t for tensors in input_sets for t in tensors]
@@ -157,6 +172,8 @@ def render_model_files(model: ModelSources, out_dir: Path) -> GeneratedSources:
         "method_pool": model.plan.method_pool,
         "temp_pool": model.plan.temp_pool,
         "planned_buffers": list(model.plan.planned_buffers),
+        "npu_scratch": npu_scratch,
+        "npu_fast": npu_fast,
         "et_commit": model.et_commit,
         "build_info": model.build_info,
     }

@@ -16,6 +16,7 @@ extern uint8_t __dk_heap_end[];
 
 void dk_uart_init(void);
 void dk_timer_init(void);
+void dk_caches_enable(void);
 size_t dk_sbrk_high_water(void);
 DK_NORETURN void dk_fault_report(const uint32_t *frame, uint32_t exc_return);
 
@@ -34,6 +35,7 @@ static int dk_board_ready;
 
 void dk_board_init(void) {
   if (dk_board_ready) return;
+  dk_caches_enable(); /* board file cpu.caches; nothing otherwise */
   dk_uart_init();
   dk_timer_init();
   /* Report MemManage, BusFault and UsageFault as themselves rather than as HardFault. */

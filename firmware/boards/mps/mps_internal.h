@@ -29,5 +29,17 @@
 #define DK_SYST_RVR 0xE000E014
 #define DK_SYST_CVR 0xE000E018
 #define DK_NVIC_ISER0 0xE000E100
+#define DK_SCB_CCR 0xE000ED14
+#define DK_SCB_CFSR 0xE000ED28
+#define DK_SCB_HFSR 0xE000ED2C
+#define DK_SCB_CCSIDR 0xE000ED80
+#define DK_SCB_CSSELR 0xE000ED84
+/* Cache maintenance (Armv7-M / Armv8-M with caches). */
+#define DK_SCB_ICIALLU 0xE000EF50
+#define DK_SCB_DCISW 0xE000EF60
+#define DK_SCB_DCCMVAC 0xE000EF68
+#define DK_SCB_DCCIMVAC 0xE000EF70
+#define DK_CCR_DC (1u << 16)
+#define DK_CCR_IC (1u << 17)
 
 #endif /* DK_MPS_INTERNAL_H */
