@@ -43,6 +43,14 @@
 #                            per ExecuTorch tree in DK_ET_RUNTIME_CACHE_DIR/host-flatc-<hash>.
 #   DK_ET_FP_CONTRACT        off (default): no FMA contraction, fp32 rounds like the host; fast.
 #   DK_GENERATED_DIR, CMAKE_TOOLCHAIN_FILE   as for the firmware (board.cmake gives the CPU).
+#   DK_ETHOS_U               ON: the NPU half (ethos_u_int8 firmware): Arm's Ethos-U core driver
+#                            and ExecuTorch's EthosUBackend, built in the keyed runtime
+#                            (executorch-runtime/ethos_u.cmake), EthosUBackend's registration
+#                            linked. Needs DK_ETHOS_U_DRIVER_DIR (Arm's ethos-u-core-driver or
+#                            the Zephyr module hal_ethos_u), DK_CMSIS_DIR (CMSIS_6) and
+#                            DK_ETHOS_U_NPU_CONFIG (ethos-u55-128, ...); DK_ETHOS_U_DRIVER_COMMIT
+#                            (optional) goes into the key. deploykit computes them in one place:
+#                            tools/deploykit/npu.py, npu_firmware_definitions().
 #
 # Provides: dk_executorch_link(<target>), which adds the registration, the registry and the
 # runtime libraries to <target>, and the compile definitions DK_MAX_KERNEL_NUM and
@@ -76,6 +84,19 @@ foreach(_v IN LISTS DK_PROFILE_VARIABLES)
 endforeach()
 set(DK_ET_FP_CONTRACT off CACHE STRING
     "-ffp-contract for ExecuTorch code: off (default; fp32 results round like the host's) or fast")
+option(DK_ETHOS_U "Link the Ethos-U delegate and Arm's core driver (ethos_u_int8)" OFF)
+set(DK_ETHOS_U_DRIVER_DIR "" CACHE PATH "Ethos-U core driver sources")
+set(DK_CMSIS_DIR "" CACHE PATH "CMSIS_6 sources (CMSIS/Core/Include)")
+set(DK_ETHOS_U_NPU_CONFIG "" CACHE STRING "The driver's ETHOSU_TARGET_NPU_CONFIG, ethos-u85-256")
+set(DK_ETHOS_U_DRIVER_COMMIT "" CACHE STRING "The driver's commit (part of the key)")
+if(DK_ETHOS_U)
+  foreach(_v DK_ETHOS_U_DRIVER_DIR DK_CMSIS_DIR)
+    if(NOT ${_v})
+      message(FATAL_ERROR "ExecuTorch runtime: DK_ETHOS_U=ON needs ${_v}.")
+    endif()
+    get_filename_component(${_v} "${${_v}}" ABSOLUTE)
+  endforeach()
+endif()
 
 foreach(_v EXECUTORCH_SOURCE_DIR DK_OPS_YAML DK_GENERATED_DIR CMAKE_TOOLCHAIN_FILE)
   if(NOT ${_v})
@@ -165,6 +186,10 @@ function(_dk_et_configure_runtime)
       "-DDK_ET_CMSIS_NN_OPT=${DK_ET_CMSIS_NN_OPT}"
       -DDK_ET_FP_CONTRACT=${DK_ET_FP_CONTRACT}
       -DDK_FLATC=${_dk_flatc}
+      -DDK_ETHOS_U=${DK_ETHOS_U}
+      -DDK_ETHOS_U_DRIVER_DIR=${DK_ETHOS_U_DRIVER_DIR}
+      -DDK_CMSIS_DIR=${DK_CMSIS_DIR}
+      -DDK_ETHOS_U_NPU_CONFIG=${DK_ETHOS_U_NPU_CONFIG}
       -DPYTHON_EXECUTABLE=${PYTHON_EXECUTABLE})
   if(CMAKE_MAKE_PROGRAM)
     list(APPEND _args -DCMAKE_MAKE_PROGRAM=${CMAKE_MAKE_PROGRAM})
@@ -212,6 +237,12 @@ if(DK_SEL_CORTEX_M_OPS)
   list(APPEND _dk_rt_targets cmsis-nn)
 endif()
 list(APPEND _dk_rt_targets ${_dk_kernel_libs})
+if(DK_ETHOS_U)
+  if(NOT DK_RT_ETHOS_U)
+    message(FATAL_ERROR "DK_ETHOS_U=ON but the runtime ${DK_ET_RUNTIME_DIR} has no Ethos-U half.")
+  endif()
+  list(APPEND _dk_rt_targets executorch_delegate_ethos_u ethosu_core_driver)
+endif()
 
 set(_dk_rt_files)
 foreach(_t IN LISTS _dk_rt_targets)
@@ -244,6 +275,16 @@ endif()
 if(DK_SEL_CORTEX_M_OPS)
   set_property(TARGET dk_et::cortex_m_kernels PROPERTY INTERFACE_LINK_LIBRARIES
                dk_et::cmsis-nn dk_et::kernels_util_all_deps dk_et::executorch_core)
+endif()
+if(DK_ETHOS_U)
+  # The delegate calls the driver and the runtime; the driver's headers and definitions
+  # (ETHOSU55/ETHOSU85, ...) are for the firmware's NPU glue (firmware/runner/npu_ethos_u.cpp).
+  set_target_properties(dk_et::ethosu_core_driver PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${DK_RT_ETHOS_U_INCLUDE_DIRS}"
+    INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${DK_RT_ETHOS_U_INCLUDE_DIRS}"
+    INTERFACE_COMPILE_DEFINITIONS "${DK_RT_ETHOS_U_DEFINITIONS}")
+  set_property(TARGET dk_et::executorch_delegate_ethos_u PROPERTY INTERFACE_LINK_LIBRARIES
+               dk_et::ethosu_core_driver dk_et::executorch_core)
 endif()
 
 # Build step: only the targets above, in the shared runtime directory, under its lock.
@@ -355,6 +396,16 @@ function(dk_executorch_link target)
     set(_prim)  # the model calls no primitive operator: none registered
   endif()
 
+  if(DK_ETHOS_U)
+    # EthosUBackend registers itself from a static initializer in EthosUBackend.cpp's object;
+    # nothing else references that object, so name one of its global symbols: the linker pulls
+    # the object out of the archive, and its initializer (.init_array, KEPT) with it. Unlike
+    # --whole-archive this also works with the -flto link and pulls in only that object.
+    list(PREPEND _links dk_et::executorch_delegate_ethos_u)
+    target_link_options(${target} PRIVATE
+      "LINKER:--undefined=executorch_delegate_EthosUBackend_registered")
+    target_compile_definitions(${target} PRIVATE DK_ETHOS_U=1)
+  endif()
   target_link_libraries(${target} PRIVATE
     dk_et_operator_registry
     ${_links}

@@ -9,8 +9,12 @@
 # and DK_TOOLCHAIN_PREFIX, DK_GENERATED_DIR/board.cmake (DK_CPU_FLAGS, DK_CPU_CORE), the
 # firmware's C/C++ flags and those of the runtime's build type, and the build profile's
 # runtime options (docs/profiles.md): DK_ET_BUILD_TYPE, DK_ET_KERNEL_OPT, DK_ET_CMSIS_NN_OPT,
-# DK_ET_LOGGING, DK_ET_PIC, DK_LTO, plus DK_ET_FP_CONTRACT. The profile's link-time options
-# (kernel registry size, primitive operators, lean libc) are model-side: not in the key.
+# DK_ET_LOGGING, DK_ET_PIC, DK_LTO, plus DK_ET_FP_CONTRACT; with DK_ETHOS_U=ON also the NPU
+# half (ethos_u.cmake): the driver and CMSIS paths, the driver's commit (DK_ETHOS_U_DRIVER_COMMIT,
+# from the workspace) and the NPU configuration. Without it the text has no Ethos-U line, so
+# CPU-only keys are those of a runtime built before the NPU half existed. The profile's
+# link-time options (kernel registry size, primitive operators, lean libc) are model-side: not in
+# the key.
 function(dk_et_runtime_key out_key out_label out_text)
   include(${DK_GENERATED_DIR}/board.cmake)  # DK_CPU_FLAGS, DK_CPU_CORE (function scope)
   file(SHA256 ${CMAKE_TOOLCHAIN_FILE} _tc)
@@ -39,9 +43,16 @@ function(dk_et_runtime_key out_key out_label out_text)
       "executorch_commit=${DK_ET_COMMIT}")
     string(APPEND _text "${_item}\n")
   endforeach()
+  if(DK_ETHOS_U)
+    string(APPEND _text "ethos_u=${DK_ETHOS_U_NPU_CONFIG} driver=${DK_ETHOS_U_DRIVER_DIR} "
+                        "${DK_ETHOS_U_DRIVER_COMMIT} cmsis=${DK_CMSIS_DIR}\n")
+  endif()
   string(SHA256 _h "${_text}")
   string(SUBSTRING "${_h}" 0 16 _h)
   set(_label "et${_etv}-${DK_CPU_CORE}")
+  if(DK_ETHOS_U)
+    string(APPEND _label "-${DK_ETHOS_U_NPU_CONFIG}")
+  endif()
   string(REGEX REPLACE "[^A-Za-z0-9_.+-]" "_" _label "${_label}")
   set(${out_key} ${_h} PARENT_SCOPE)
   set(${out_label} ${_label} PARENT_SCOPE)
