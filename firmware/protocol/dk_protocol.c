@@ -192,6 +192,35 @@ int dk_send_memory(const dk_memory_entry_t *entries, size_t count) {
   return 0;
 }
 
+int dk_send_npu(uint32_t call, uint64_t npu_cycles, uint64_t cpu_ticks,
+                const dk_counter_t *counters, size_t count) {
+  size_t total = 4u + 8u + 8u + 1u;
+  if (count > 255u) return -1;
+  for (size_t i = 0u; i < count; ++i) {
+    size_t n = counters[i].name ? strlen(counters[i].name) : 0u;
+    if (n > 255u) return -1;
+    total += 1u + n + 8u;
+  }
+  if (total > DK_PROTOCOL_MAX_PAYLOAD) return -1;
+  uint8_t b[21];
+  uint8_t *p = dk_put_u32(b, call);
+  p = dk_put_u64(p, npu_cycles);
+  p = dk_put_u64(p, cpu_ticks);
+  *p = (uint8_t)count;
+  dk_frame_begin(DK_REC_NPU, (uint32_t)total);
+  dk_frame_put(b, sizeof b);
+  for (size_t i = 0u; i < count; ++i) {
+    uint8_t v[8];
+    uint8_t n = (uint8_t)(counters[i].name ? strlen(counters[i].name) : 0u);
+    dk_frame_put(&n, 1u);
+    dk_frame_put(counters[i].name, n);
+    (void)dk_put_u64(v, counters[i].value);
+    dk_frame_put(v, sizeof v);
+  }
+  dk_frame_end();
+  return 0;
+}
+
 void dk_send_fault(const dk_fault_regs_t *regs) {
   const uint32_t v[13] = {regs->r0,   regs->r1,   regs->r2,    regs->r3,  regs->r12,
                           regs->lr,   regs->pc,   regs->xpsr,  regs->cfsr, regs->hfsr,

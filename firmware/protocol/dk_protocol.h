@@ -30,7 +30,8 @@ enum {
   DK_REC_ERROR = 5,
   DK_REC_FAULT = 6,
   DK_REC_DONE = 7,
-  DK_REC_LOG = 8
+  DK_REC_LOG = 8,
+  DK_REC_NPU = 9
 };
 
 /* `done` status values, also the program's exit code. */
@@ -73,6 +74,13 @@ typedef struct dk_memory_entry {
   uint32_t capacity; /* size linked into the firmware, bytes */
 } dk_memory_entry_t;
 
+/* One named counter of an `npu` record. `name` is ASCII, at most 255 bytes
+ * (axi0_rd_beats, idle_cycles, ...). */
+typedef struct dk_counter {
+  const char *name;
+  uint64_t value;
+} dk_counter_t;
+
 /* Register state of a fault, in record order. */
 typedef struct dk_fault_regs {
   uint32_t r0, r1, r2, r3, r12, lr, pc, xpsr;
@@ -103,6 +111,13 @@ void dk_send_timing(uint64_t ticks, uint32_t tick_hz, uint32_t iterations,
 /* `memory`: `count` entries. Returns 0, or -1 if a name is longer than 255 bytes or the record
  * would exceed the payload limit. */
 int dk_send_memory(const dk_memory_entry_t *entries, size_t count);
+
+/* `npu`: one NPU command stream run (one delegate call): its index in this run, the NPU's
+ * cycle counter, the CPU ticks (dk_ticks) the whole delegate call took, and `count` named
+ * counters of the NPU's PMU. Returns 0, or -1 if a name is longer than 255 bytes or the
+ * record would exceed the payload limit. */
+int dk_send_npu(uint32_t call, uint64_t npu_cycles, uint64_t cpu_ticks,
+                const dk_counter_t *counters, size_t count);
 
 /* `error`: an ExecuTorch Error value or a deploykit code, and a message. */
 void dk_send_error(uint32_t code, const char *message);

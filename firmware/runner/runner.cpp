@@ -14,7 +14,13 @@
  * and the host brings them back to logical order.
  *
  * Error codes of the `error` record: ExecuTorch Error values (< 0x100), or the deploykit
- * codes below.
+ * codes of runner_errors.h.
+ *
+ * Ethos-U firmware (DK_ETHOS_U=1, npu_ethos_u.cpp): the NPU is checked and initialised right
+ * after hello (an absent NPU is an error record and done(1), before anything runs); the temp
+ * pool, from which EthosUBackend takes the Vela scratch, grows by DK_NPU_SCRATCH_SIZE and moves
+ * to section .dk_npu_scratch (the region the memory mode needs); every delegate call is
+ * reported in an `npu` record after the outputs.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -28,6 +34,7 @@
 #include <executorch/runtime/executor/method.h>
 #include <executorch/runtime/executor/method_meta.h>
 #include <executorch/runtime/executor/program.h>
+#include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/kernel/operator_registry.h>
 #include <executorch/runtime/platform/platform.h>
 #include <executorch/runtime/platform/runtime.h>
@@ -38,6 +45,10 @@
 #include "model_config.h"
 #include "model_io.h"
 #include "model_pte.h"
+#include "runner_errors.h"
+#if DK_ETHOS_U
+#include "npu.h"
+#endif
 
 using executorch::aten::ScalarType;
 using executorch::aten::Tensor;
@@ -55,14 +66,9 @@ using executorch::runtime::Result;
 using executorch::runtime::Span;
 using executorch::runtime::TensorInfo;
 
-/* deploykit error codes (the `error` record's code when it is not an ExecuTorch Error). */
-enum : uint32_t {
-  DK_ERR_ABORT = 0x1001u,          /* ExecuTorch called et_pal_abort() */
-  DK_ERR_POOL = 0x1002u,           /* a pool is too small (done status 3) */
-  DK_ERR_INPUT = 0x1003u,          /* model_io.h does not match the method's inputs */
-  DK_ERR_OUTPUT_DTYPE = 0x1004u,   /* an output dtype the protocol cannot carry */
-  DK_ERR_NOT_TENSOR = 0x1005u,     /* an input or output that is not a tensor */
-};
+#ifndef DK_ETHOS_U
+#define DK_ETHOS_U 0
+#endif
 
 #ifndef DK_ET_RUNTIME_KEY
 #define DK_ET_RUNTIME_KEY "unknown"
@@ -106,7 +112,9 @@ class Text {
 };
 
 /* A bump allocator that remembers its high-water mark (the temp allocator is reset after every
- * kernel, so its peak is only visible here) and the first request it could not satisfy. */
+ * kernel, so its peak is only visible here) and the first request it could not satisfy. In
+ * Ethos-U firmware, requests made inside a delegate call (EthosUBackend's Vela scratch) count
+ * towards a high-water mark of their own. */
 class CountingAllocator : public MemoryAllocator {
  public:
   CountingAllocator(uint32_t size, uint8_t *base) : MemoryAllocator(size, base) {}
@@ -117,14 +125,22 @@ class CountingAllocator : public MemoryAllocator {
       return nullptr;
     }
     const size_t used = used_size();
+#if DK_ETHOS_U
+    if (dk_npu_in_delegate()) {
+      if (used > npu_high_water_) npu_high_water_ = used;
+      return p;
+    }
+#endif
     if (used > high_water_) high_water_ = used;
     return p;
   }
   size_t high_water() const { return high_water_; }
+  size_t npu_high_water() const { return npu_high_water_; }
   size_t failed_request() const { return failed_request_; }
 
  private:
   size_t high_water_ = 0;
+  size_t npu_high_water_ = 0;
   size_t failed_request_ = 0;
 };
 
@@ -134,7 +150,17 @@ class CountingAllocator : public MemoryAllocator {
 #define DK_POOL_BYTES(n) ((n) > 0u ? (n) : 16u)
 
 DK_POOL_ATTR uint8_t method_pool[DK_POOL_BYTES(DK_METHOD_POOL_SIZE)];
-DK_POOL_ATTR uint8_t temp_pool[DK_POOL_BYTES(DK_TEMP_POOL_SIZE)];
+#if DK_ETHOS_U
+/* EthosUBackend takes the Vela scratch from the temp allocator: one block of the CPU kernels'
+ * temp pool plus the scratch, in .dk_npu_scratch (the region the Vela memory mode puts the
+ * scratch in, memory.ld), on a cache line. */
+constexpr uint32_t kTempPoolBytes = DK_TEMP_POOL_SIZE + DK_NPU_SCRATCH_SIZE;
+__attribute__((section(".dk_npu_scratch"), aligned(32)))
+uint8_t temp_pool[DK_POOL_BYTES(kTempPoolBytes)];
+#else
+constexpr uint32_t kTempPoolBytes = DK_TEMP_POOL_SIZE;
+DK_POOL_ATTR uint8_t temp_pool[DK_POOL_BYTES(kTempPoolBytes)];
+#endif
 
 constexpr uint32_t kPlannedSizes[] = DK_PLANNED_BUFFER_SIZES;
 constexpr size_t kPlannedCount = DK_PLANNED_BUFFER_COUNT;
@@ -146,7 +172,7 @@ constexpr size_t planned_total() {
 DK_POOL_ATTR uint8_t planned_pool[DK_POOL_BYTES(planned_total())];
 
 CountingAllocator method_allocator(DK_METHOD_POOL_SIZE, method_pool);
-CountingAllocator temp_allocator(DK_TEMP_POOL_SIZE, DK_TEMP_POOL_SIZE > 0u ? temp_pool : nullptr);
+CountingAllocator temp_allocator(kTempPoolBytes, kTempPoolBytes > 0u ? temp_pool : nullptr);
 
 size_t planned_used = 0;
 
@@ -175,6 +201,10 @@ void send_memory() {
       {"temp_pool", static_cast<uint32_t>(temp_allocator.high_water()), DK_TEMP_POOL_SIZE},
       {"stack", static_cast<uint32_t>(dk_stack_used()), static_cast<uint32_t>(dk_stack_size())},
       {"heap", static_cast<uint32_t>(dk_heap_used()), static_cast<uint32_t>(dk_heap_size())},
+#if DK_ETHOS_U
+      {"npu_scratch", static_cast<uint32_t>(temp_allocator.npu_high_water()),
+       DK_NPU_SCRATCH_SIZE},
+#endif
   };
   dk_send_memory(entries, sizeof entries / sizeof entries[0]);
 }
@@ -258,8 +288,32 @@ void send_hello() {
     << DK_PTE_SHA256 << "\ninputs_sha256=" << DK_INPUTS_SHA256 << "\net_commit=" << DK_ET_COMMIT
     << "\nbuild=" << DK_BUILD_INFO << "\net_runtime=" << DK_ET_RUNTIME_KEY
     << "\nkernels=" << static_cast<uint32_t>(kernels) << "/"
-    << static_cast<uint32_t>(DK_MAX_KERNEL_NUM);
+    << static_cast<uint32_t>(DK_MAX_KERNEL_NUM) << "\nbackends=";
+  const size_t backends = executorch::runtime::get_num_registered_backends();
+  for (size_t i = 0; i < backends; ++i) {
+    Result<const char *> backend = executorch::runtime::get_backend_name(i);
+    if (backend.ok()) t << (i ? "," : "") << *backend;
+  }
+#if DK_ETHOS_U
+  t << "\nnpu=" << DK_NPU_TARGET;
+#endif
   dk_send_hello(t.c_str());
+}
+
+/* Every backend the program delegates to must be registered in this firmware; otherwise
+ * load_method fails with a bare NotFound. Say which one is missing. */
+void check_backends(const MethodMeta &meta) {
+  for (size_t i = 0; i < meta.num_backends(); ++i) {
+    Result<const char *> name = meta.get_backend_name(i);
+    if (!name.ok()) fail_et(name.error(), "get_backend_name");
+    if (executorch::runtime::get_backend_class(*name) != nullptr) continue;
+    char buf[192];
+    Text t(buf, sizeof buf);
+    t << "the program delegates to " << *name << ", which this firmware does not register ("
+      << (executorch::runtime::get_num_registered_backends() ? "it has others" : "it has none")
+      << "): build it for the flow that exported the program";
+    fail(DK_ERR_NO_BACKEND, t.c_str());
+  }
 }
 
 }  // namespace
@@ -304,6 +358,10 @@ int main(void) {
   dk_board_init();
   executorch::runtime::runtime_init();
   send_hello();
+#if DK_ETHOS_U
+  // An NPU that is absent or does not initialise ends the run here, with its error record.
+  if (dk_npu_init() != 0) finish(DK_STATUS_ET_ERROR);
+#endif
 
   BufferDataLoader loader(dk_model_pte, dk_model_pte_size);
   Result<Program> program = Program::load(&loader);
@@ -313,6 +371,7 @@ int main(void) {
   if (!name.ok()) fail_et(name.error(), "get_method_name");
   Result<MethodMeta> meta = program->method_meta(*name);
   if (!meta.ok()) fail_et(meta.error(), "method_meta");
+  check_backends(*meta);
 
   // Planned memory: one span per planned buffer, each at least as large as the program needs.
   const size_t n_planned = meta->num_memory_planned_buffers();
@@ -356,12 +415,18 @@ int main(void) {
     ticks += dk_ticks() - t0;
     if (err != Error::Ok) {
       if (temp_allocator.failed_request() != 0)
-        fail_pool("temp_pool", DK_TEMP_POOL_SIZE, temp_allocator.failed_request());
+        fail_pool("temp_pool", kTempPoolBytes, temp_allocator.failed_request());
+#if DK_ETHOS_U
+      if (dk_npu_failure()[0] != '\0') fail(DK_ERR_NPU_RUN, dk_npu_failure());
+#endif
       fail_et(err, "execute");
     }
     send_outputs(*method, set);
   }
   dk_send_timing(ticks, dk_tick_hz(), DK_NUM_INPUT_SETS, DK_INSTRUCTIONS_UNKNOWN);
+#if DK_ETHOS_U
+  dk_npu_send_records();
+#endif
   send_memory();
   finish(DK_STATUS_OK);
 }
