@@ -130,6 +130,11 @@ set(_dk_sel_args --ops-yaml=${DK_OPS_YAML} --executorch-root=${EXECUTORCH_SOURCE
 if(DK_CMSIS_NN_DIR)
   list(APPEND _dk_sel_args --cortex-m)
 endif()
+# deploykit's own kernels for ATen operators the portable library lacks (avg_pool3d.out, ...):
+# built with the model (dk_kernels below), registered by the same codegen.
+set(_dk_kernels_dir ${_DK_ET_CMAKE_DIR}/../firmware/kernels)
+list(APPEND _dk_sel_args --extra-functions-yaml=${_dk_kernels_dir}/functions.yaml
+                         --extra-kernels-dir=${_dk_kernels_dir})
 execute_process(
   COMMAND ${PYTHON_EXECUTABLE} ${_DK_ET_CMAKE_DIR}/executorch_select_kernels.py ${_dk_sel_args}
   RESULT_VARIABLE _dk_rc ERROR_VARIABLE _dk_err)
@@ -138,7 +143,8 @@ if(_dk_rc)
 endif()
 include(${_dk_et_bin}/selected_kernels.cmake)
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
-             ${DK_OPS_YAML} ${_DK_ET_CMAKE_DIR}/executorch_select_kernels.py)
+             ${DK_OPS_YAML} ${_DK_ET_CMAKE_DIR}/executorch_select_kernels.py
+             ${_dk_kernels_dir}/functions.yaml)
 
 # ---- the cache key of the model-independent runtime (key.cmake) ----
 include(${_DK_ET_CMAKE_DIR}/executorch-runtime/key.cmake)
@@ -346,7 +352,20 @@ function(dk_executorch_link target)
       DEPENDS ${_dk_et_bin}/selected_operators.yaml
       COMMENT "Operator list ${DK_OPS_YAML}" VERBATIM)
     set(_yamls)
-    if(DK_SEL_PORTABLE_OPS)
+    if(DK_SEL_DK_OPS)
+      # One FUNCTIONS_YAML for the codegen: the portable entries plus deploykit's.
+      file(READ ${EXECUTORCH_SOURCE_DIR}/kernels/portable/functions.yaml _dk_portable_yaml)
+      file(READ ${_dk_kernels_dir}/functions.yaml _dk_own_yaml)
+      set(_dk_merged ${_dk_et_bin}/functions.yaml)
+      set(_dk_text "${_dk_portable_yaml}\n${_dk_own_yaml}")
+      if(EXISTS ${_dk_merged})
+        file(READ ${_dk_merged} _dk_old)
+      endif()
+      if(NOT _dk_old STREQUAL _dk_text)
+        file(WRITE ${_dk_merged} "${_dk_text}")
+      endif()
+      list(APPEND _yamls FUNCTIONS_YAML ${_dk_merged})
+    elseif(DK_SEL_PORTABLE_OPS)
       list(APPEND _yamls FUNCTIONS_YAML ${EXECUTORCH_SOURCE_DIR}/kernels/portable/functions.yaml)
     endif()
     if(DK_SEL_CORTEX_M_OPS)
@@ -357,6 +376,18 @@ function(dk_executorch_link target)
     foreach(_t IN LISTS _dk_kernel_libs)
       list(APPEND _kernel_targets dk_et::${_t})
     endforeach()
+    if(DK_SEL_DK_OPS)
+      # deploykit's kernels (firmware/kernels), compiled here with the runtime's settings.
+      set(_dk_srcs)
+      foreach(_f IN LISTS DK_SEL_DK_SOURCES)
+        list(APPEND _dk_srcs ${_dk_kernels_dir}/${_f})
+      endforeach()
+      add_library(dk_kernels STATIC ${_dk_srcs})
+      target_link_libraries(dk_kernels PUBLIC dk_et::kernels_util_all_deps dk_et::executorch_core)
+      target_compile_options(dk_kernels PRIVATE ${DK_WARNING_FLAGS} ${DK_ET_KERNEL_OPT})
+      add_dependencies(dk_kernels dk_et_runtime)
+      list(APPEND _kernel_targets dk_kernels)
+    endif()
     # A static library linked whole-archive (its static initializer registers the kernels).
     gen_operators_lib(LIB_NAME ${_lib} KERNEL_LIBS ${_kernel_targets} DEPS dk_et::executorch_core)
     # The generated code passes tensors by value through std::array; GCC notes an ABI change.

@@ -6,6 +6,8 @@ Input: the `selected_operators.yaml` that `python -m executorch.codegen.tools.ge
 - which portable kernel source files implement the model's portable operators (each becomes its
   own small static library in the cached runtime build, so only those are ever compiled);
 - whether the model needs cortex_m operators (and so the cortex_m kernels and CMSIS-NN);
+- which of deploykit's own kernels (firmware/kernels: ATen operators the portable library lacks,
+  such as avg_pool3d.out) it needs, given with --extra-functions-yaml/--extra-kernels-dir;
 - which kernel YAMLs the registration codegen needs;
 - the exact number of kernels the generated registration plus the primitive operators put into
   the registry, used as MAX_KERNEL_NUM: with all primitive operators (ExecuTorch's
@@ -97,6 +99,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--ops-yaml", required=True, type=Path)
     ap.add_argument("--executorch-root", required=True, type=Path)
     ap.add_argument("--cortex-m", action="store_true", help="cortex_m kernels are available")
+    ap.add_argument("--extra-functions-yaml", type=Path,
+                    help="deploykit's kernel YAML (firmware/kernels/functions.yaml), matched "
+                         "after the portable one")
+    ap.add_argument("--extra-kernels-dir", type=Path,
+                    help="the op_*.cpp files of --extra-functions-yaml")
     ap.add_argument("--output", required=True, type=Path)
     ap.add_argument("--selected-prim-ops-header", type=Path,
                     help="write selected_prim_ops.h (the model's primitive operators) here")
@@ -118,6 +125,15 @@ def main(argv: list[str]) -> int:
     cpu_dir = et / "kernels/portable/cpu"
     sources = {p.name: p.read_text() for p in sorted(cpu_dir.glob("op_*.cpp"))}
 
+    extra: dict[str, list[str]] = {}
+    extra_sources: dict[str, str] = {}
+    if args.extra_functions_yaml and args.extra_kernels_dir:
+        extra = _entries(args.extra_functions_yaml)
+        extra_sources = {p.name: p.read_text()
+                         for p in sorted(args.extra_kernels_dir.glob("op_*.cpp"))}
+    extra_files: set[str] = set()
+    extra_ops: list[str] = []
+
     prim_macros = prim_op_macros(et)
     portable_files: set[str] = set()
     portable_ops: list[str] = []
@@ -136,6 +152,15 @@ def main(argv: list[str]) -> int:
             portable_files.update(files)
             portable_ops.append(op)
             kernels += max(1, len(portable[op]))
+        elif op in extra:
+            files = _portable_files(extra[op], op, args.extra_kernels_dir, extra_sources)
+            if not files:
+                missing.append(f"{op} (in {args.extra_functions_yaml.name} but no op_*.cpp "
+                               "defines it)")
+                continue
+            extra_files.update(files)
+            extra_ops.append(op)
+            kernels += max(1, len(extra[op]))
         elif op in cortex_m and args.cortex_m:
             cortex_m_ops.append(op)
             kernels += max(1, len(cortex_m[op]))
@@ -158,6 +183,8 @@ def main(argv: list[str]) -> int:
         f"set(DK_SEL_PORTABLE_SOURCES \"{';'.join(stems)}\")",
         f"set(DK_SEL_NEEDS_PATTERN {'ON' if needs_pattern else 'OFF'})",
         f"set(DK_SEL_CORTEX_M_OPS \"{';'.join(cortex_m_ops)}\")",
+        f"set(DK_SEL_DK_OPS \"{';'.join(extra_ops)}\")",
+        f"set(DK_SEL_DK_SOURCES \"{';'.join(sorted(extra_files))}\")",
         f"set(DK_SEL_KERNELS {kernels})",
         f"set(DK_SEL_PRIM_OPS {prim})",
         f"set(DK_SEL_MAX_KERNEL_NUM {kernels + prim})",
