@@ -101,6 +101,52 @@ def test_component_of():
                         ".text") == "pico-sdk"
 
 
+def test_npu_components():
+    """Arm's Ethos-U driver and ExecuTorch's EthosUBackend, by archive and, with LTO, by
+    symbol; the runner's NPU glue is runner; the NPU blocks are pools / the fast arena."""
+    assert component_of(f"{RT}/libethosu_core_driver.a(ethosu_driver.c.obj)", ".text") == \
+        "NPU driver"
+    assert component_of(f"{RT}/libexecutorch_delegate_ethos_u.a(EthosUBackend.cpp.obj)",
+                        ".text") == "Ethos-U backend"
+    lto = "/tmp/cc1.ltrans0.ltrans.o"
+    for section, comp in (
+            (".text.ethosu_wait", "NPU driver"),
+            (".rodata.ethosu_wait.str1.1", "NPU driver"),
+            (".text.ETHOSU_PMU_Get_CCNTR", "NPU driver"),
+            (".text._ZNK10executorch8backends3arm13EthosUBackend7executeERNS_7runtime23Backend"
+             "ExecutionContextEPvNS3_4SpanIPNS3_6EValueEEE", "Ethos-U backend"),
+            (".text.executorch_delegate_EthosUBackend_registered", "Ethos-U backend"),
+            (".text.arm_ethos_io_memcpy", "Ethos-U backend"),
+            (".text.arm_nn_vec_mat_mult_t_s8", "CMSIS-NN"),
+            (".text.dk_npu_init", "runner"),
+            (".text.dk_send_npu", "board + protocol"),
+            (".dk_npu_scratch", "pools"),
+            (".dk_npu_fast", "Ethos-U fast arena")):
+        assert component_of(lto, section) == comp, section
+
+
+def test_footprint_of_an_npu_image():
+    """The temp pool and the Vela scratch are one block, peak = both peaks; the fast arena's
+    peak is its size."""
+    from deploykit.sizes import SizeReport
+
+    sizes = SizeReport(flash_by_component={"NPU driver": 2000, "runner": 500},
+                       ram_by_component={"method pool": 2048, "temp pool + Ethos-U scratch":
+                                         1_510_400, "Ethos-U fast arena": 393_216,
+                                         "planned buffers": 752_640, "runner": 300},
+                       stack=4096, heap=0)
+    fp = footprint(sizes, "npu", {"method_pool": 1900, "temp_pool": 200, "planned_pool":
+                                  752_640, "npu_scratch": 1_510_224, "stack": 3000, "heap": 0})
+    blocks = {b.name: (b.size, b.peak) for b in fp.ram}
+    assert "temp pool" not in blocks
+    assert blocks["temp pool + Ethos-U scratch"] == (1_510_400, 1_510_424)
+    assert blocks["Ethos-U fast arena"] == (393_216, 393_216)
+    assert fp.to_json()["flash"]["NPU driver"] == 2000
+    # before a run the scratch's peak is unknown unless the caller gives Vela's
+    fp = footprint(sizes, "npu", {"temp_pool": 200})
+    assert {b.name: b.peak for b in fp.ram}["temp pool + Ethos-U scratch"] is None
+
+
 def test_map_without_elf(tmp_path):
     path = tmp_path / "dk_runner.map"
     path.write_text(MAP)

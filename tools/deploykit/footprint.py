@@ -21,6 +21,11 @@ from .sizes import SizeReport
 # RAM block label -> the memory record's name for its peak.
 BLOCKS = (("method pool", "method_pool"), ("temp pool", "temp_pool"),
           ("planned buffers", "planned_pool"), ("stack", "stack"), ("heap", "heap"))
+# Ethos-U firmware: the temp pool and the Vela scratch are one block (EthosUBackend takes the
+# scratch from the temp allocator), whose peak is the two peaks the runner reports; the fast
+# arena is the memory mode's size, all of it the NPU's (its peak is not measurable: its size).
+NPU_SCRATCH_BLOCK, NPU_SCRATCH_PEAKS = "temp pool + Ethos-U scratch", ("temp_pool", "npu_scratch")
+NPU_FAST_BLOCK = "Ethos-U fast arena"
 STATIC_LABEL = ".data/.bss"
 
 
@@ -118,6 +123,15 @@ def footprint(sizes: SizeReport, title: str, peaks: dict[str, int] | None = None
         if label == "heap":
             size = size or sizes.heap
         blocks.append(RamBlock(label, size, peaks.get(key)))
+        if label == "temp pool" and NPU_SCRATCH_BLOCK in ram_by:
+            if size == 0:
+                blocks.pop()  # the temp pool is inside the NPU block
+            both = [peaks.get(k) for k in NPU_SCRATCH_PEAKS]
+            blocks.append(RamBlock(NPU_SCRATCH_BLOCK, ram_by.pop(NPU_SCRATCH_BLOCK),
+                                   None if None in both else sum(both)))
+            if NPU_FAST_BLOCK in ram_by:
+                fast = ram_by.pop(NPU_FAST_BLOCK)
+                blocks.append(RamBlock(NPU_FAST_BLOCK, fast, fast))
     if "pools" in ram_by:  # no pool symbols (an ELF without them): one block
         blocks.append(RamBlock("pools", ram_by.pop("pools")))
     static = tuple(sorted(ram_by.items(), key=lambda kv: (-kv[1], kv[0])))

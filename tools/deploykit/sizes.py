@@ -13,6 +13,12 @@ With LTO the map names the LTO partitions (`*.ltrans.o`) instead of the archives
 sections are attributed by the symbol in the section name (executorch::runtime -> runtime
 core, torch::executor::native -> portable kernels, cortex_m -> cortex_m kernels, arm_* ->
 CMSIS-NN, dk_* -> board + protocol), which is coarser (one "portable kernels" line).
+
+Ethos-U firmware adds two components, by archive or, with LTO, by symbol: "NPU driver" (Arm's
+Ethos-U core driver, libethosu_core_driver.a, ethosu_* / ETHOSU_PMU_*) and "Ethos-U backend"
+(ExecuTorch's EthosUBackend, libexecutorch_delegate_ethos_u.a, executorch::backends::arm); the
+runner's NPU glue (npu_ethos_u.cpp) counts as runner. Its RAM blocks are the temp pool with the
+Vela scratch (.dk_npu_scratch) and the fast arena (.dk_npu_fast).
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from pathlib import Path
 _FLASH_SECTIONS = (".text", ".rodata", ".vectors", ".dk_model", ".ARM.exidx", ".ARM.extab",
                    ".init_array", ".fini_array", ".preinit_array", ".data", ".got", ".boot2",
                    ".binary_info", ".flash_end", ".tdata")
-_RAM_SECTIONS = (".data", ".bss", ".dk_pools", ".stack", ".heap", ".got", ".noinit",
+_RAM_SECTIONS = (".data", ".bss", ".dk_pools", ".dk_npu_scratch", ".dk_npu_fast", ".stack",
+                 ".heap", ".got", ".noinit",
                  ".ram_vectors", ".scratch_x", ".scratch_y", ".tdata", ".tbss")
 
 # " .text.foo  0x00001234  0x56 path/libx.a(obj.o)"; the name may be on the line before.
@@ -49,9 +56,12 @@ _ARCHIVES = {
     "libcmsis-nn.a": "CMSIS-NN",
     "libdk_model_ops.a": "kernel registration",
     "libdk_board.a": "board + protocol",
+    "libethosu_core_driver.a": "NPU driver",
+    "libexecutorch_delegate_ethos_u.a": "Ethos-U backend",
 }
 # LTO partitions: components by the C++ namespace of the section's symbol, or a C prefix.
 _LTO_NAMESPACES = (
+    (("executorch", "backends", "arm"), "Ethos-U backend"),
     (("cortex_m",), "cortex_m kernels"),
     (("torch", "executor", "native"), "portable kernels"),
     # the generated kernel wrappers; LTO inlines the kernels they call into them
@@ -63,6 +73,11 @@ _LTO_NAMESPACES = (
     (("flatbuffers",), "runtime core"),
 )
 _LTO_C_PREFIXES = (
+    # Ethos-U firmware: Arm's driver (C), ExecuTorch's backend (its C symbols), the runner's glue
+    *((p, "NPU driver") for p in ("ethosu_", "ETHOSU_PMU_", "eventbyid", "pmu_event_")),
+    *((p, "Ethos-U backend") for p in ("executorch_delegate_EthosUBackend",
+                                        "arm_ethos_io_memcpy")),
+    *((p, "runner") for p in ("dk_npu_", "EthosUBackend_execute_")),
     ("arm_", "CMSIS-NN"),
     ("dk_model_pte", "model data"),
     ("dk_input", "model inputs"),
@@ -107,6 +122,11 @@ def _namespaces(symbol: str) -> tuple[str, ...]:
 
 POOL_SYMBOLS = {"method_pool": "method pool", "temp_pool": "temp pool",
                 "planned_pool": "planned buffers"}
+# Ethos-U firmware: the temp pool holds the Vela scratch too, in its own section.
+NPU_SCRATCH_SECTION, NPU_FAST_SECTION = ".dk_npu_scratch", ".dk_npu_fast"
+NPU_POOL_SYMBOLS = {"temp_pool": "temp pool + Ethos-U scratch"}
+NPU_FAST_LABEL = "Ethos-U fast arena"
+POOL_SECTIONS = (".dk_pools", NPU_SCRATCH_SECTION)
 
 
 def component_of(origin: str, section: str) -> str:
@@ -116,8 +136,10 @@ def component_of(origin: str, section: str) -> str:
     member = origin[len(path):].strip("() ") if "(" in origin else ""
     if section.startswith(".dk_model") or "model_pte" in origin:
         return "model data"
-    if section.startswith(".dk_pools"):
+    if section.startswith((".dk_pools", NPU_SCRATCH_SECTION)):
         return "pools"
+    if section.startswith(NPU_FAST_SECTION):
+        return NPU_FAST_LABEL
     if "model_io" in origin:
         return "model inputs"
     if name in _CLIB or name.startswith(("crt", "libc_", "libg_")) or name in (
@@ -228,13 +250,15 @@ def _elf_layout(elf: Path) -> tuple[dict[str, tuple[bool, bool]], dict[str, int]
             # (.data is both: its load image in flash, copied to RAM at reset).
             kinds[sec.name] = (not nobits, nobits or bool(flags & SH_FLAGS.SHF_WRITE))
         symtab = e.get_section_by_name(".symtab")
-        pools_sec = e.get_section_by_name(".dk_pools")
-        if symtab is not None and pools_sec is not None:
+        for name, labels in ((".dk_pools", POOL_SYMBOLS), (NPU_SCRATCH_SECTION, NPU_POOL_SYMBOLS)):
+            pools_sec = e.get_section_by_name(name)
+            if symtab is None or pools_sec is None or not pools_sec["sh_size"]:
+                continue
             lo, hi = pools_sec["sh_addr"], pools_sec["sh_addr"] + pools_sec["sh_size"]
             for sym in symtab.iter_symbols():
                 if sym["st_info"]["type"] != "STT_OBJECT" or not lo <= sym["st_value"] < hi:
                     continue
-                for key, label in POOL_SYMBOLS.items():
+                for key, label in labels.items():
                     if key in sym.name:
                         pools[label] = pools.get(label, 0) + int(sym["st_size"])
     return kinds, pools
@@ -311,7 +335,7 @@ def size_report(map_file: Path, elf: Path | None = None) -> SizeReport:
         if in_ram and comp != "pools" and output not in (".stack", ".heap"):
             ram[comp] += size
     # The reserved blocks by what they are.
-    pools_total = report.sections.get(".dk_pools", 0)
+    pools_total = sum(report.sections.get(s, 0) for s in POOL_SECTIONS)
     if report.pools:
         for label, size in report.pools.items():
             ram[label] += size
