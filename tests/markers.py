@@ -31,3 +31,23 @@ def _sources_reason() -> str | None:
 
 requires_sources = pytest.mark.skipif(_sources_reason() is not None,
                                       reason=_sources_reason() or "")
+
+
+def _ethos_u_sources_reason() -> str | None:
+    from deploykit.sources import CMSIS, ETHOS_U_DRIVER
+
+    try:
+        ws = load_workspace()
+    except DeployKitError:
+        return _sources_reason()
+    missing = [n for n in (ETHOS_U_DRIVER, CMSIS) if not ws.has(n)]
+    if missing:
+        return (f"Ethos-U NPU firmware sources not in the workspace ({', '.join(missing)}): "
+                "deploykit setup --group ethos-u, or without Arm's GitLab "
+                f"--source {ETHOS_U_DRIVER}=PATH@REV (Arm's ethos-u-core-driver or the Zephyr "
+                f"module zephyrproject-rtos/hal_ethos_u) --source {CMSIS}=PATH@REV (CMSIS_6)")
+    return None
+
+
+requires_ethos_u_sources = pytest.mark.skipif(_ethos_u_sources_reason() is not None,
+                                              reason=_ethos_u_sources_reason() or "")

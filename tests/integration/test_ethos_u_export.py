@@ -31,7 +31,13 @@ from deploykit.inspect_pte import inspect_pte
 from deploykit.models import load_model
 from deploykit.npu import npu_config, with_npu_overrides
 from deploykit.plan import plan_memory
-from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
+from tests.markers import (
+    _ethos_u_sources_reason,
+    requires_cmake,
+    requires_qemu,
+    requires_sources,
+    requires_toolchain,
+)
 
 pytest.importorskip("executorch")
 pytest.importorskip("ethosu.vela")
@@ -106,6 +112,9 @@ def test_plan_places_the_scratch_as_the_memory_mode_says(small_exports, case):
 
 
 @requires_sources
+@pytest.mark.skipif(_ethos_u_sources_reason() is None,
+                    reason="the workspace has the Ethos-U driver and CMSIS_6: the NPU build goes "
+                    "on (tests/integration/test_npu_firmware.py builds it)")
 def test_npu_build_stops_after_export_and_plan_naming_the_driver(tmp_path):
     messages: list[str] = []
     with pytest.raises(EnvironmentProblem) as exc:

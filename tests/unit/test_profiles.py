@@ -267,3 +267,25 @@ def test_only_the_models_primitive_operators_are_selected(tmp_path):
     source = (et / "kernels/prim_ops/register_prim_ops.cpp").read_text()
     for macro in re.findall(r"#define (INCLUDE_\w+)", text):
         assert f"defined({macro})" in source
+
+
+@requires_cmake
+def test_ethos_u_options_are_in_the_key(tmp_path):
+    """The NPU half of the runtime (DK_ETHOS_U) keys on the driver, CMSIS, its commit and the
+    NPU configuration; DK_ETHOS_U=OFF leaves the CPU-only key as it was."""
+    base = _inputs(tmp_path)
+    key, label = _key(tmp_path, base)
+    assert _key(tmp_path, {**base, "DK_ETHOS_U": "OFF", "DK_ETHOS_U_NPU_CONFIG": "x"}) == (
+        key, label)
+    npu = {**base, "DK_ETHOS_U": "ON", "DK_ETHOS_U_NPU_CONFIG": "ethos-u85-256",
+           "DK_ETHOS_U_DRIVER_DIR": "/ws/ethos-u/core_driver", "DK_CMSIS_DIR": "/ws/cmsis_6",
+           "DK_ETHOS_U_DRIVER_COMMIT": "03567073"}
+    npu_key, npu_label = _key(tmp_path, npu)
+    assert npu_key != key and npu_label == "et1.4.1-cortex-m33-ethos-u85-256"
+    seen = {key, npu_key}
+    for var, value in (("DK_ETHOS_U_NPU_CONFIG", "ethos-u85-512"),
+                       ("DK_ETHOS_U_DRIVER_DIR", "/other/driver"),
+                       ("DK_CMSIS_DIR", "/other/cmsis"), ("DK_ETHOS_U_DRIVER_COMMIT", "26.02")):
+        changed, _ = _key(tmp_path, {**npu, var: value})
+        assert changed not in seen, var
+        seen.add(changed)
