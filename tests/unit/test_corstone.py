@@ -304,7 +304,7 @@ def tiny_u85(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny-u85")
     settings = npu_config(load_board("corstone-320")).export_settings()
     return export(load_model("tiny_cnn", REPO), "ethos_u_int8", out, cpu="cortex-m85",
-                  npu=settings)
+                  settings=settings)
 
 
 def test_vela_scratch_read_from_the_pte(tiny_u85):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from .boards import Board, available_boards, load_board
 from .errors import ConfigError
+from .families import family_of
+from .flows import get_flow
 from .inspect_pte import ProgramInfo, inspect_pte
 from .npu import npu_config, with_npu_overrides
 from .profiles import resolve_profile
@@ -160,6 +162,10 @@ def resolve_flow(board: Board, flow: str | None) -> str:
     if flow not in board.export["allowed"]:
         raise ConfigError(f"Board {board.name} does not support the {flow} flow.",
                           f"Allowed flows: {', '.join(board.export['allowed'])}.")
+    why_not = get_flow(flow).applies_to(board)
+    if why_not:
+        raise ConfigError(f"The {flow} flow cannot target board {board.name}: {why_not}.",
+                          f"Allowed flows: {', '.join(board.export['allowed'])}.")
     return flow
 
 
@@ -256,10 +262,11 @@ def flash(board: str, *, model: str | None = None, image: Path | None = None,
     if image is not None:
         image = Path(image)
         elf, uf2 = image.with_suffix(".elf"), image.with_suffix(".uf2")
-        if image.suffix == ".elf" and not uf2.exists() and "pico_sdk" in b.raw:
+        uf2_family = family_of(b).uf2_family(b)
+        if image.suffix == ".elf" and not uf2.exists() and uf2_family:
             from .uf2 import write_uf2
 
-            write_uf2(elf, uf2, family=b.raw["pico_sdk"]["platform"])
+            write_uf2(elf, uf2, family=uf2_family)
     elif model is not None:
         fw = (out or default_out(board, model)) / "firmware"
         elf, uf2 = fw / "dk_runner.elf", fw / "dk_runner.uf2"

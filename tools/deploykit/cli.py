@@ -14,6 +14,7 @@ from typing import Any
 
 from . import api
 from .errors import DeployKitError, ExitCode
+from .flows import flow_names, registry
 from .jsonable import to_jsonable
 from .profiles import DEFAULT_PROFILE, PROFILES
 
@@ -48,8 +49,9 @@ def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = Tru
     if model:
         p.add_argument("--model", required=True, help="model name from models/ or a path to a "
                        "Python file defining model() and example_inputs()")
-        p.add_argument("--flow", choices=["portable_fp32", "cortex_m_int8", "ethos_u_int8"],
-                       help="export flow (default: the board file's export.default)")
+        p.add_argument("--flow", choices=flow_names(),
+                       help="export flow (default: the board file's export.default): "
+                       + "; ".join(f"{f.name}: {f.summary}" for f in registry().values()))
         p.add_argument("--npu-macs", type=int, metavar="N",
                        help="Ethos-U MAC configuration (U55: 32/64/128/256, U85: 128..2048); "
                        "overrides the board's npu.macs for Vela and the FVP alike")

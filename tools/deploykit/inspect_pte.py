@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .flows.ethos_u_int8 import ETHOS_U_BACKEND
 from .method_memory import MethodLoad, model_method_load
+from .pte_reader import io_tensor, load_program, method_plan, operator_names, planned_buffers
 
-ETHOS_U_BACKEND = "EthosUBackend"
 # CPU ops that only convert between the float model I/O and the int8 the NPU works in.
 QDQ_OPS = ("cortex_m::quantize_per_tensor", "cortex_m::dequantize_per_tensor",
            "quantized_decomposed::quantize_per_tensor",
@@ -135,33 +136,18 @@ class ProgramInfo:
 def inspect_pte(path: Path, method: str = "forward", report: Path | None = None) -> ProgramInfo:
     """Describe `path`. The ops inside delegates come from `report` (default: export.json
     beside the .pte) when it was written for this very .pte."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
-    from executorch.exir.schema import Tensor
-
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"No .pte file at {path}.", "Run `deploykit export` first.")
     data = path.read_bytes()
-    try:
-        program = deserialize_pte_binary(data).program
-    except Exception as exc:  # the flatbuffer parser raises many unrelated types
-        raise ConfigError(f"{path} is not a readable ExecuTorch program: {exc}",
-                          "Re-export the model with the pinned executorch version.") from exc
-    plans = {p.name: p for p in program.execution_plan}
-    if method not in plans:
-        raise ConfigError(f"{path} has no method '{method}'.",
-                          f"Methods: {', '.join(plans)}.")
-    plan = plans[method]
+    program = load_program(data, str(path))
+    plan = method_plan(program, method, str(path))
 
     def tensor_of(index: int) -> TensorInfo:
-        val = plan.values[index].val
-        if not isinstance(val, Tensor):
-            raise ConfigError(f"{path}: input/output {index} is not a tensor.",
-                              "deploykit supports tensor inputs and outputs only.")
-        return TensorInfo(int(val.scalar_type), tuple(int(s) for s in val.sizes))
+        t = io_tensor(plan, index, str(path))
+        return TensorInfo(t.scalar_type, tuple(t.sizes))
 
-    operators = tuple(
-        f"{op.name}.{op.overload}" if op.overload else op.name for op in plan.operators)
+    operators = operator_names(plan)
     sha = hashlib.sha256(data).hexdigest()
     partition, source = _partition_report(report or path.parent / "export.json", sha)
     delegates = tuple(_delegate_info(program, i, d, partition)
@@ -175,7 +161,7 @@ def inspect_pte(path: Path, method: str = "forward", report: Path | None = None)
         method=method,
         operators=operators,
         delegates=delegates,
-        planned_buffers=tuple(int(s) for s in plan.non_const_buffer_sizes[1:]),
+        planned_buffers=planned_buffers(plan),
         inputs=tuple(tensor_of(i) for i in plan.inputs),
         outputs=tuple(tensor_of(i) for i in plan.outputs),
         num_values=len(plan.values),

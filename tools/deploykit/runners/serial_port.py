@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 import serial
 
 from deploykit.errors import ConfigError, ExitCode, RunError
+from deploykit.families import family_of
 from deploykit.protocol import Decoder, RunRecords
 from deploykit.runners.base import DEFAULT_TIMEOUT_S, Runner, RunResult
 
@@ -360,7 +361,7 @@ class PicoRunner(Runner):
             if not uf2.exists():
                 from deploykit.uf2 import write_uf2
 
-                write_uf2(elf, uf2, family=self.board.raw["pico_sdk"]["platform"])
+                write_uf2(elf, uf2, family=family_of(self.board).uf2_family(self.board))
             result = flash(self.board, FlashImage(elf, uf2), port=self.port, probe=self.probe,
                            env=env, progress=self.progress, workspace=self.workspace)
             notes.append(result.summary())
