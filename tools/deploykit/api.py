@@ -227,22 +227,26 @@ def build(board: str, model: str, flow: str | None = None, out: Path | None = No
 def run(board: str, model: str, flow: str | None = None, out: Path | None = None,
         workspace: Path | None = None, timeout: float = 120.0, progress: Progress = _quiet,
         npu_macs: int | None = None, npu_memory_mode: str | None = None,
-        port: str | None = None, probe: str | None = None, inputs: Path | None = None,
+        runner_options: dict | None = None, inputs: Path | None = None,
         profile: str | None = None, fit: bool = False, atol: float | None = None,
         rtol: float | None = None):
     """Build, run on the board's runner, compare with the host. `inputs`: a directory of
     samples (input_sets.py) run in one firmware run instead of the example inputs. `fit`: as
-    for build. `atol`/`rtol` override the model's tolerance."""
+    for build. `atol`/`rtol` override the model's tolerance. `runner_options`: options the
+    board's runner declares (e.g. the Pico runner's port and probe; runners.runner_options)."""
     from .pipeline import run_firmware
     from .validate import Tolerance
 
+    from .runners import runner_class
+
     b = load_board_with(board, npu_macs, npu_memory_mode)
+    runner_class(b).check_options(b.name, runner_options or {})  # before the slow build
     tolerance = None
     if atol is not None or rtol is not None:
         tolerance = Tolerance(atol=atol or 0.0, rtol=rtol or 0.0)
     return run_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
                         workspace, timeout, progress,
-                        runner_options={"port": port, "probe": probe}, inputs_dir=inputs,
+                        runner_options=runner_options, inputs_dir=inputs,
                         profile=resolve_profile(b, profile), fit=fit, tolerance=tolerance)
 
 

@@ -17,6 +17,7 @@ from .errors import DeployKitError, ExitCode
 from .flows import flow_names, registry
 from .jsonable import to_jsonable
 from .profiles import DEFAULT_PROFILE, PROFILES
+from .runners import runner_options
 
 _EPILOG = """\
 typical use:
@@ -198,11 +199,14 @@ def _model_optional(p: argparse.ArgumentParser) -> None:
 
 
 def _board_selection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", metavar="PORT|MOUNT|SERIAL",
-                   help="which board: its serial port (e.g. /dev/ttyACM0), its BOOTSEL drive's "
-                   "mount point, or its USB serial number; needed when several are connected")
-    p.add_argument("--probe", metavar="SERIAL",
-                   help="flash over SWD through the debug probe with this serial number")
+    """The options the runners declare (a board's runner takes its own; see runners/)."""
+    for option in runner_options():
+        p.add_argument(option.flag, dest=option.dest, metavar=option.metavar,
+                       help=option.help)
+
+
+def _given_runner_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {o.dest: getattr(args, o.dest, None) for o in runner_options()}
 
 
 def _dispatch(args: argparse.Namespace, out: _Output) -> int:
@@ -271,8 +275,9 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         out.result(fw, fw.summary())
         return 0
     if cmd == "run":
-        report = api.run(**common, timeout=args.timeout, port=args.port, probe=args.probe,
-                         inputs=args.inputs, atol=args.atol, rtol=args.rtol, fit=args.fit)
+        report = api.run(**common, timeout=args.timeout,
+                         runner_options=_given_runner_options(args), inputs=args.inputs,
+                         atol=args.atol, rtol=args.rtol, fit=args.fit)
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
     raise AssertionError(cmd)

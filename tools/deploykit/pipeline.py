@@ -29,8 +29,6 @@ import numpy as np
 from . import fit as fitting
 from .boards import Board, repo_root
 from .errors import (
-    ConfigError,
-    DeployKitError,
     ExitCode,
     MemoryPlanError,
 )
@@ -543,20 +541,13 @@ FIT_FILE_NAME = fitting.FIT_FILE
 
 
 def resolve_runner_options(board: Board, options: dict | None, workspace: Path | None,
-                    progress: Progress) -> dict:
-    """--port/--probe (and the workspace, to build picotool from) for runners of physical
-    boards; simulators take none."""
-    from .runners import RUNNERS
+                           progress: Progress) -> dict:
+    """The runner's keyword arguments: the command-line options it declares (any other one
+    set is an error), and the workspace and progress every runner is offered."""
+    from .runners import runner_class
 
-    opts = {k: v for k, v in (options or {}).items() if v is not None}
-    if getattr(RUNNERS.get(board.runner.get("kind")), "needs_board", False):
-        opts.setdefault("progress", progress)
-        with contextlib.suppress(DeployKitError):
-            opts.setdefault("workspace", load_workspace(workspace))
-    elif opts:
-        raise ConfigError(f"--port/--probe select a physical board; {board.name} runs on "
-                          f"{board.runner.get('kind')}.", "Leave them out for this board.")
-    return opts
+    opts = runner_class(board).check_options(board.name, options or {})
+    return {**opts, "workspace": workspace, "progress": progress}
 
 
 @dataclass(frozen=True)

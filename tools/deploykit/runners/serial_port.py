@@ -30,7 +30,13 @@ import serial
 from deploykit.errors import ConfigError, ExitCode, RunError
 from deploykit.families import family_of
 from deploykit.protocol import Decoder, RunRecords
-from deploykit.runners.base import DEFAULT_TIMEOUT_S, Runner, RunResult
+from deploykit.runners.base import (
+    DEFAULT_TIMEOUT_S,
+    Runner,
+    RunnerOption,
+    RunResult,
+    runner_section,
+)
 
 MARK = b"\x16DK"
 REQUEST = MARK + b"R"
@@ -301,7 +307,28 @@ class PicoRunner(Runner):
     supports_exit_code = False  # a board has no exit code; `done.status` is the verdict
     supports_icount = False
     is_simulator = False
-    needs_board = True  # runners/__init__.py passes the whole board
+    options = (
+        RunnerOption("--port", "port", "PORT|MOUNT|SERIAL",
+                     "which board: its serial port (e.g. /dev/ttyACM0), its BOOTSEL drive's "
+                     "mount point, or its USB serial number; needed when several are "
+                     "connected"),
+        RunnerOption("--probe", "probe", "SERIAL",
+                     "flash over SWD through the debug probe with this serial number"),
+    )
+
+    @classmethod
+    def from_board(cls, board: Any, *, progress: Any = None, workspace: Path | None = None,
+                   **kwargs: Any) -> PicoRunner:
+        """The whole board (usb, serial, flashers sections), and the workspace to build
+        picotool from when it is missing."""
+        from deploykit.errors import DeployKitError
+        from deploykit.sources import load_workspace
+
+        ws = None
+        with contextlib.suppress(DeployKitError):
+            ws = load_workspace(workspace)
+        return cls(runner_section(board), board=board, workspace=ws,
+                   **({"progress": progress} if progress else {}), **kwargs)
 
     def __init__(self, config: Mapping[str, Any], *, board: Any = None, port: str | None = None,
                  probe: str | None = None, env: Any = None, workspace: Any = None,
