@@ -284,7 +284,12 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()  # lists the installed flows: a broken extension stops here
+    except DeployKitError as exc:
+        print(f"deploykit: error: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
+    args = parser.parse_args(argv)
     out = _Output(getattr(args, "json", False))
     try:
         return _dispatch(args, out)

@@ -26,12 +26,17 @@ def load_program(data: bytes, source: str) -> Any:
     names them in the error."""
     from executorch.exir._serialize._program import deserialize_pte_binary
 
+    hint = "Re-export the model with the pinned executorch version."
     try:
-        return deserialize_pte_binary(data).program
+        program = deserialize_pte_binary(data).program
     except Exception as exc:  # the flatbuffer parser raises many unrelated types
         raise ConfigError(f"{source} is not a readable ExecuTorch program: "
-                          f"{type(exc).__name__}: {exc}",
-                          "Re-export the model with the pinned executorch version.") from exc
+                          f"{type(exc).__name__}: {exc}", hint) from exc
+    # Bytes that are no flatbuffer at all can parse into an empty table.
+    if not isinstance(program.execution_plan, list):
+        raise ConfigError(f"{source} is not a readable ExecuTorch program: it has no "
+                          "execution plan.", hint)
+    return program
 
 
 def method_plan(program: Any, method: str, source: str) -> Any:
