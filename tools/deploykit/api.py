@@ -235,9 +235,8 @@ def run(board: str, model: str, flow: str | None = None, out: Path | None = None
     for build. `atol`/`rtol` override the model's tolerance. `runner_options`: options the
     board's runner declares (e.g. the Pico runner's port and probe; runners.runner_options)."""
     from .pipeline import run_firmware
-    from .validate import Tolerance
-
     from .runners import runner_class
+    from .validate import Tolerance
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
     runner_class(b).check_options(b.name, runner_options or {})  # before the slow build
