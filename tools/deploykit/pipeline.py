@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import sys
@@ -37,7 +38,7 @@ from .export import export as export_model
 from .families import family_of
 from .firmware_build import Firmware
 from .flows import get_flow
-from .flows.base import ExportTarget
+from .flows.base import ExportTarget, Flow
 from .footprint import Footprint, footprint
 from .fsutil import write_atomic
 from .input_sets import load_input_sets
@@ -55,17 +56,22 @@ from .validate import Tolerance, Verdict, compare_sets
 Progress = Callable[[str], None]
 
 
-def _export_key(model_path: Path, flow: str, cpu: str, npu: dict | None = None,
+def _export_key(model_path: Path, flow: Flow, cpu: str, settings: dict | None = None,
                 inputs_digest: str = "", options: str = "") -> str:
     """Everything an export depends on: the model file and the Python files beside it (a model
-    may import its neighbours, as mobilenet_v2_lrn imports mobilenet_v2), flow, CPU, NPU
-    settings (Vela target, system config, memory mode), exporter and versions."""
+    may import its neighbours, as mobilenet_v2_lrn imports mobilenet_v2), the flow and its
+    target settings (for the Ethos-U flow: Vela target, system config, memory mode), CPU,
+    the exporter's code (the export stage, the built-in flows and the flow's own module, which
+    may come from another package) and versions."""
+    package = Path(__file__).parent
+    exporter = {package / "export.py", package / "models.py", package / "pte_reader.py",
+                *(package / "flows").glob("*.py"), Path(inspect.getfile(type(flow)))}
     h = hashlib.sha256()
     neighbours = sorted(model_path.parent.glob("*.py"))
     for part in (model_path.read_bytes(), *(p.read_bytes() for p in neighbours),
-                 flow.encode(), cpu.encode(), inputs_digest.encode(), options.encode(),
-                 json.dumps(npu, sort_keys=True).encode(),
-                 *((Path(__file__).parent / m).read_bytes() for m in ("export.py", "models.py")),
+                 flow.name.encode(), cpu.encode(), inputs_digest.encode(), options.encode(),
+                 json.dumps(settings, sort_keys=True).encode(),
+                 *(p.read_bytes() for p in sorted(exporter)),
                  metadata.version("torch").encode(), metadata.version("executorch").encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
@@ -109,7 +115,7 @@ def export_stage(board: Board, model: str, flow: str, out: Path,
     if inputs_dir is not None:
         spec = load_model(model, repo_root())
         input_sets = load_input_sets(inputs_dir, spec.example_inputs)
-    key = _export_key(model_path, flow, board.cpu["core"], settings,
+    key = _export_key(model_path, flow_impl, board.cpu["core"], settings,
                       input_sets.digest if input_sets else "", options.key())
     key_file = export_dir / "export-key"
     if key_file.exists() and key_file.read_text() == key:

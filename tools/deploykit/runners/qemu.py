@@ -25,7 +25,7 @@ import serial
 
 from deploykit.errors import BuildError, ConfigError, EnvironmentProblem, ExitCode, RunError
 from deploykit.protocol import Decoder, RunRecords
-from deploykit.runners.base import DEFAULT_TIMEOUT_S, Runner, RunResult, runner_section
+from deploykit.runners.base import DEFAULT_TIMEOUT_S, Runner, RunResult
 from deploykit.runners.process import free_port, kill_group, run_dir_for
 
 QEMU_BINARY = "qemu-system-arm"
@@ -95,11 +95,6 @@ class QemuRunner(Runner):
         self.qemu = qemu
         self.connect_timeout_s = connect_timeout_s
         self.done_grace_s = done_grace_s
-
-    @classmethod
-    def from_board(cls, board: Any, **kwargs: Any) -> QemuRunner:
-        """From a board (mapping, or object with `.runner`) whose runner kind is qemu."""
-        return cls(runner_section(board), **kwargs)
 
     def check_environment(self) -> str:
         path = shutil.which(self.qemu)
