@@ -233,7 +233,7 @@ _FAKE_FVP = """\
 # named by -C, and exits with $FAKE_FVP_EXIT.
 import json, os, sys
 sys.path[:0] = {path!r}
-from deploykit.protocol import StreamEncoder
+from tests.protocol_encoder import StreamEncoder
 import numpy as np
 args = sys.argv[1:]
 params = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "-C")
@@ -257,7 +257,7 @@ def fake_fvp(tmp_path, monkeypatch):
     fvp_dir.mkdir(parents=True)
     exe = fvp_dir / "FVP_Corstone_SSE-320"
     exe.write_text(_FAKE_FVP.format(python=sys.executable,
-                                    path=[str(REPO / "tools"), *sys.path]))
+                                    path=[str(REPO / "tools"), str(REPO), *sys.path]))
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv(FVP_DIR_ENV, str(tmp_path / "fvp"))
     monkeypatch.setenv("FAKE_FVP_ARGV", str(tmp_path / "argv.json"))
