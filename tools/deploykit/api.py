@@ -128,7 +128,10 @@ def program_json(info: ProgramInfo) -> dict:
                          "memory_mode": d.memory_mode, "size": d.size,
                          "scratch_size": d.scratch_size,
                          "ops": list(d.ops) if d.ops is not None else None,
-                         "op_counts": d.ops})
+                         "op_counts": d.ops,
+                         "npu_estimate": None if d.vela_estimate is None else {
+                             **to_jsonable(d.vela_estimate), "source": "Vela estimate",
+                             "mac_utilisation": d.vela_estimate.mac_utilisation}})
     out.update(segments=segments, cpu_ops=list(info.cpu_ops),
                cpu_fallback_ops=list(info.cpu_fallback_ops), max_scratch=info.max_scratch,
                planned_total=info.planned_total)
@@ -150,6 +153,8 @@ def _describe_segment(n: int, seg, info: ProgramInfo) -> list[str]:
         lines.append(f"         ops ({sum(d.ops.values())}): {ops or '-'}")
     else:
         lines.append("         ops: unknown (the Vela stream holds no op names)")
+    if d.vela_estimate is not None:
+        lines.append(f"         {d.vela_estimate.describe()}")
     return lines
 
 

@@ -59,6 +59,55 @@ class VelaStream:
 
 
 @dataclass(frozen=True)
+class NpuEstimate:
+    """Vela's estimate of one Ethos-U delegate, made when it compiled it (export.json's
+    partition report): a performance model, not a measurement."""
+
+    total_cycles: int
+    npu_cycles: int
+    macs: int
+    npu_macs_per_cycle: int  # the NPU's MAC configuration (e.g. 256 for ethos-u85-256)
+    sram_mb: float  # traffic per inference
+    dram_mb: float
+    clock_mhz: float
+
+    @property
+    def mac_utilisation(self) -> float:
+        """MACs done / MACs the array could do in the estimated cycles."""
+        peak = self.total_cycles * self.npu_macs_per_cycle
+        return self.macs / peak if peak else 0.0
+
+    @classmethod
+    def from_vela(cls, vela: dict[str, Any], target: str | None) -> NpuEstimate | None:
+        """From the export report's Vela summary; None when it holds no cycle estimate (an
+        export made before deploykit asked Vela for one)."""
+        def number(key: str) -> float:
+            value = vela.get(key)
+            return float(value) if isinstance(value, (int, float)) else 0.0
+
+        if not isinstance(vela.get("total_cycles"), int):
+            return None
+        macs_per_cycle = target.rsplit("-", 1)[-1] if target else ""
+        return cls(total_cycles=vela["total_cycles"], npu_cycles=int(number("npu_cycles")),
+                   macs=int(number("network_macs")),
+                   npu_macs_per_cycle=int(macs_per_cycle) if macs_per_cycle.isdigit() else 0,
+                   sram_mb=number("sram_mb"), dram_mb=number("dram_mb"),
+                   clock_mhz=number("clock_mhz"))
+
+    def describe(self) -> str:
+        time = (f", {self.total_cycles / self.clock_mhz:,.1f} us at {self.clock_mhz:g} MHz"
+                if self.clock_mhz else "")
+        return (f"NPU (Vela estimate): {_count(self.total_cycles)} cycles "
+                f"({_count(self.npu_cycles)} compute), {_count(self.macs)} MACs, "
+                f"{self.mac_utilisation:.0%} MAC utilisation, SRAM {self.sram_mb:.2f} MB, "
+                f"DRAM {self.dram_mb:.2f} MB per inference{time}")
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.3g} M" if n >= 1e6 else f"{n / 1e3:.3g} k" if n >= 1e3 else str(n)
+
+
+@dataclass(frozen=True)
 class DelegateInfo:
     backend: str
     size: int
@@ -69,6 +118,7 @@ class DelegateInfo:
     memory_mode: str | None = None
     vela: VelaStream | None = None
     ops: dict[str, int] | None = None  # ops inside (from the export report), None if unknown
+    vela_estimate: NpuEstimate | None = None  # Vela's (from the export report), None if unknown
 
     @property
     def scratch_size(self) -> int | None:
@@ -197,20 +247,21 @@ def _segments(plan: Any, operators: tuple[str, ...],
     return tuple(out)
 
 
-def _partition_report(path: Path, sha: str) -> tuple[dict[int, dict[str, int]], str | None]:
-    """Ops inside each delegate, by delegate index, from an export report for this .pte."""
+def _partition_report(path: Path, sha: str) -> tuple[dict[int, dict[str, Any]], str | None]:
+    """Each delegate's entry (ops inside, Vela's summary), by delegate index, from an export
+    report for this .pte."""
     try:
         report = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}, None
     if report.get("pte", {}).get("sha256") != sha or "partition" not in report:
         return {}, None
-    return ({int(d["index"]): dict(d["ops"]) for d in report["partition"].get("delegates", [])},
+    return ({int(d["index"]): d for d in report["partition"].get("delegates", [])},
             f"{path} (export-time partition report)")
 
 
 def _delegate_info(program: Any, index: int, delegate: Any,
-                   partition: dict[int, dict[str, int]]) -> DelegateInfo:
+                   partition: dict[int, dict[str, Any]]) -> DelegateInfo:
     specs = {}
     for spec in delegate.compile_specs:
         try:
@@ -222,12 +273,15 @@ def _delegate_info(program: Any, index: int, delegate: Any,
     blob = bytes(program.backend_delegate_data[loc.index].data) if loc.location == 0 else None
     vela = parse_vela_stream(blob) if blob is not None and delegate.id == ETHOS_U_BACKEND \
         else None
+    entry = partition.get(index)
+    target = specs.get("target") or flags.get("--accelerator-config")
     return DelegateInfo(
         backend=delegate.id, size=_delegate_size(program, delegate), index=index,
         compile_specs={k: v for k, v in specs.items() if k != "debug_artifact_path"},
-        target=specs.get("target") or flags.get("--accelerator-config"),
+        target=target,
         system_config=flags.get("--system-config"), memory_mode=flags.get("--memory-mode"),
-        vela=vela, ops=partition.get(index))
+        vela=vela, ops=dict(entry["ops"]) if entry else None,
+        vela_estimate=NpuEstimate.from_vela(entry.get("vela", {}), target) if entry else None)
 
 
 def iter_vela_blocks(blob: bytes):

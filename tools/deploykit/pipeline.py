@@ -241,7 +241,9 @@ class BuiltModel:
 
     def summary(self) -> str:
         p = self.planned
-        text = (f"{describe_export(p.export)}\nmemory plan:\n{p.plan.table()}\n"
+        estimates = "".join(f"\n  delegate {d.index}: {d.vela_estimate.describe()}"
+                            for d in p.program.delegates if d.vela_estimate is not None)
+        text = (f"{describe_export(p.export)}{estimates}\nmemory plan:\n{p.plan.table()}\n"
                 f"{self.firmware.summary(sizes=self.footprint is None)}")
         if self.footprint is not None:
             text += f"\n{self.footprint.table()}"
