@@ -33,8 +33,9 @@ def boards() -> list[Board]:
 
 def describe_board(board: Board) -> str:
     lines = [f"{board.name}: {board.description}",
-             f"  cpu {board.cpu['core']} ({' '.join(board.cpu_flags)}), runner "
-             f"{board.runner['kind']}, flows {', '.join(board.export['allowed'])}"]
+             f"  cpu {board.cpu['core']} ({' '.join(board.cpu_flags)}), family "
+             f"{board.family}, runner {board.runner['kind']}, flows "
+             f"{', '.join(board.export['allowed'])}"]
     npu = npu_config(board)
     if npu is not None:
         lines.append(f"  npu {npu.target} at 0x{npu.base:08X} irq {npu.irq}, Vela "

@@ -4,7 +4,8 @@ The console UART is a TCP server in QEMU (`wait=on` holds the guest until we con
 through pyserial's `socket://` handler. The handle is opened with `timeout=0`, so each
 `read()` does exactly one `recv()`; waiting happens in `select()`. pyserial loses the bytes
 of a read that is pending when the peer closes (measured with QEMU 7.2: a pending
-`read(4096)` raises and drops what it had), which a one-`recv()` read cannot do. The disconnect when QEMU exits is the end of the output.
+`read(4096)` raises and drops what it had), which a one-`recv()` read cannot do. The
+disconnect when QEMU exits is the end of the output.
 """
 
 from __future__ import annotations
