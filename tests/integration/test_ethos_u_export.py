@@ -26,7 +26,8 @@ import pytest
 from deploykit import api
 from deploykit.boards import load_board
 from deploykit.errors import EnvironmentProblem
-from deploykit.export import TOSA_REFERENCE_KIND, export
+from deploykit.export import export
+from deploykit.flows.ethos_u_int8 import TOSA_REFERENCE_KIND
 from deploykit.inspect_pte import inspect_pte
 from deploykit.models import load_model
 from deploykit.npu import npu_config, with_npu_overrides
@@ -62,7 +63,7 @@ def small_exports(tmp_path_factory):
         out = tmp_path_factory.mktemp(f"tiny-{board_name}-{mode}")
         results[(board_name, mode)] = (board, export(
             spec, "ethos_u_int8", out, cpu=board.cpu["core"],
-            npu=npu_config(board).export_settings()))
+            settings=npu_config(board).export_settings()))
     return results
 
 
@@ -160,12 +161,12 @@ def test_corstone_300_board_support_runs_on_qemu_mps3_an547(tmp_path):
 def test_corstone_320_board_support_links_at_the_board_addresses(tmp_path):
     from elftools.elf.elffile import ELFFile
 
-    from deploykit.firmware_build import build_image
+    from deploykit.families import family_of
     from deploykit.render import render_board_files
 
     board = load_board("corstone-320")
     render_board_files(board, tmp_path / "generated")
-    fw = build_image(board, tmp_path / "generated", tmp_path / "fw", "selftest")
+    fw = family_of(board).build_image(board, tmp_path / "generated", tmp_path / "fw", "selftest")
     with fw.elf.open("rb") as f:
         sections = {s.name: s["sh_addr"] for s in ELFFile(f).iter_sections()}
     assert sections[".vectors"] == board.region("brom").origin == 0x11000000  # INITSVTOR
@@ -179,7 +180,7 @@ def test_corstone_320_board_support_links_at_the_board_addresses(tmp_path):
 def _export_mobilenet(name: str, out: Path):
     board = load_board("corstone-320")
     return export(load_model(name, REPO), "ethos_u_int8", out, cpu=board.cpu["core"],
-                  npu=npu_config(board).export_settings())
+                  settings=npu_config(board).export_settings())
 
 
 @pytest.mark.slow

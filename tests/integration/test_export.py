@@ -15,9 +15,9 @@ from deploykit.export import (
     export,
     memory_order_bytes,
     parse_ops_yaml,
-    read_pte_info,
 )
 from deploykit.models import load_model
+from deploykit.pte_reader import read_pte_info
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ from elftools.elf.elffile import ELFFile
 from deploykit import api
 from deploykit.boards import load_board
 from deploykit.errors import DeployKitError
-from deploykit.firmware_build import PICO_PROJECTS, build_image
+from deploykit.families import get_family
 from deploykit.render import render_board_files
 from deploykit.sources import load_workspace, require_projects
 from deploykit.uf2 import check_uf2
@@ -27,7 +27,7 @@ from tests.markers import requires_cmake, requires_sources, requires_toolchain
 
 def _pico_sources_reason() -> str | None:
     try:
-        require_projects(load_workspace(), PICO_PROJECTS, "The pico2 build")
+        require_projects(load_workspace(), list(get_family("rp2350").projects), "The pico2 build")
     except DeployKitError as exc:
         return (f"pico-sdk sources not in the workspace ({exc.cause}); add them with "
                 "`deploykit setup --group pico` or --source pico-sdk=PATH@2.2.0 "
@@ -84,7 +84,8 @@ def assert_bootable_image(fw, board) -> None:
 def test_selftest_image(tmp_path):
     board = load_board("pico2")
     render_board_files(board, tmp_path / "generated")
-    fw = build_image(board, tmp_path / "generated", tmp_path / "fw", "selftest")
+    fw = get_family("rp2350").build_image(board, tmp_path / "generated", tmp_path / "fw",
+                                          "selftest")
     assert_bootable_image(fw, board)
     assert_m33_softfp_dsp(attributes(fw.elf))
     log = fw.log.read_text()

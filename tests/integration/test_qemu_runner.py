@@ -18,8 +18,9 @@ import pytest
 import yaml
 
 from deploykit.errors import ConfigError, EnvironmentProblem, ExitCode, RunError
-from deploykit.protocol import FAULT_REGISTERS, StreamEncoder, decode
+from deploykit.protocol import FAULT_REGISTERS, decode
 from deploykit.runners import QemuRunner, RunResult, icount_instructions, runner_for_board
+from tests.protocol_encoder import StreamEncoder
 
 REPO = Path(__file__).resolve().parents[2]
 BOARDS = ["qemu-an505", "qemu-an547"]

@@ -6,7 +6,7 @@ from elftools.elf.elffile import ELFFile
 from deploykit import api
 from deploykit.boards import load_board
 from deploykit.errors import ExitCode, RunError
-from deploykit.firmware_build import build_image
+from deploykit.families import family_of
 from deploykit.render import render_board_files
 from deploykit.runners import runner_for_board
 from tests.markers import requires_cmake, requires_qemu, requires_toolchain
@@ -32,8 +32,8 @@ def test_selftest_passes_bit_exact(tmp_path, board):
 def test_fault_is_reported_not_a_lockup(tmp_path, board):
     b = load_board(board)
     render_board_files(b, tmp_path / "generated")
-    fw = build_image(b, tmp_path / "generated", tmp_path / "fw", "selftest",
-                     {"DK_SELFTEST_FAULT": "1"})
+    fw = family_of(b).build_image(b, tmp_path / "generated", tmp_path / "fw", "selftest",
+                                  {"DK_SELFTEST_FAULT": "1"})
     with pytest.raises(RunError) as exc:
         runner_for_board(b).run(fw.elf, tmp_path, timeout_s=30)
     assert exc.value.exit_code == ExitCode.FAULT

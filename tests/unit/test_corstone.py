@@ -233,7 +233,7 @@ _FAKE_FVP = """\
 # named by -C, and exits with $FAKE_FVP_EXIT.
 import json, os, sys
 sys.path[:0] = {path!r}
-from deploykit.protocol import StreamEncoder
+from tests.protocol_encoder import StreamEncoder
 import numpy as np
 args = sys.argv[1:]
 params = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "-C")
@@ -257,7 +257,7 @@ def fake_fvp(tmp_path, monkeypatch):
     fvp_dir.mkdir(parents=True)
     exe = fvp_dir / "FVP_Corstone_SSE-320"
     exe.write_text(_FAKE_FVP.format(python=sys.executable,
-                                    path=[str(REPO / "tools"), *sys.path]))
+                                    path=[str(REPO / "tools"), str(REPO), *sys.path]))
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv(FVP_DIR_ENV, str(tmp_path / "fvp"))
     monkeypatch.setenv("FAKE_FVP_ARGV", str(tmp_path / "argv.json"))
@@ -304,7 +304,7 @@ def tiny_u85(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny-u85")
     settings = npu_config(load_board("corstone-320")).export_settings()
     return export(load_model("tiny_cnn", REPO), "ethos_u_int8", out, cpu="cortex-m85",
-                  npu=settings)
+                  settings=settings)
 
 
 def test_vela_scratch_read_from_the_pte(tiny_u85):
@@ -347,6 +347,35 @@ def test_segments_and_partition_report(tiny_u85):
     # without the report beside it, the ops inside are unknown but nothing else changes
     other = inspect_pte(tiny_u85.pte_path, report=tiny_u85.pte_path.parent / "absent.json")
     assert other.delegates[0].ops is None and other.max_scratch == info.max_scratch
+
+
+def test_vela_estimate_per_delegate(tiny_u85):
+    """Vela's cycle estimate is kept from the export and shown, labelled as an estimate."""
+    from deploykit.api import describe_program, program_json
+    from deploykit.inspect_pte import inspect_pte
+
+    info = inspect_pte(tiny_u85.pte_path)
+    est = info.delegates[0].vela_estimate
+    vela = json.loads((tiny_u85.pte_path.parent / "export.json").read_text()
+                      )["partition"]["delegates"][0]["vela"]
+    assert est is not None and est.total_cycles == vela["total_cycles"] > 0
+    assert est.npu_cycles <= est.total_cycles
+    assert est.macs == vela["network_macs"] > 0 and est.npu_macs_per_cycle == 256
+    assert 0 < est.mac_utilisation <= 1
+    assert "NPU (Vela estimate): " in describe_program(info)
+    j = program_json(info)["segments"][1]["npu_estimate"]
+    assert j["source"] == "Vela estimate" and j["total_cycles"] == est.total_cycles
+    other = inspect_pte(tiny_u85.pte_path, report=tiny_u85.pte_path.parent / "absent.json")
+    assert other.delegates[0].vela_estimate is None
+
+
+def test_vela_summary_first_label_wins():
+    from deploykit.flows.ethos_u_int8 import _parse_vela_summary
+
+    text = ("Total   SRAM bandwidth                           0.25 MB/batch\n"
+            "Total   SRAM bandwidth            per input      0.01 MB/inference\n"
+            "Total cycles                                     1234 cycles/batch\n")
+    assert _parse_vela_summary(text) == {"sram_mb": 0.25, "total_cycles": 1234}
 
 
 def test_npu_plan_places_scratch_by_memory_mode(tiny_u85):

@@ -13,6 +13,7 @@ import pytest
 from deploykit import fit as fitting
 from deploykit.boards import load_board
 from deploykit.errors import MemoryPlanError
+from deploykit.families import get_family
 from deploykit.inspect_pte import ProgramInfo
 from deploykit.plan import MemoryPlan, Sizing
 
@@ -69,8 +70,9 @@ def test_store_round_trip_and_keys(tmp_path):
     other = dataclasses.replace(board, cpu={**board.cpu, "gcc_flags": ["-mcpu=cortex-m33"]})
     assert fitting.fit_key(fitting.fit_options(_program(), other,
                                                {"DK_ET_LOGGING": "OFF"})) != key
-    assert options["firmware_sources"] == fitting.firmware_sources_hash("mps")
-    assert fitting.firmware_sources_hash("rp2350") != fitting.firmware_sources_hash("mps")
+    assert options["firmware_sources"] == fitting.firmware_sources_hash(get_family("mps"))
+    mps, rp2350 = get_family("mps"), get_family("rp2350")
+    assert fitting.firmware_sources_hash(rp2350) != fitting.firmware_sources_hash(mps)
     assert fitting.load_fit(tmp_path, key) is None
     rec = fitting.record_from_run(key, options, board, "f", _memory(PEAKS), None)
     path = fitting.save_fit(tmp_path, rec)

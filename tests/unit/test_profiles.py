@@ -14,7 +14,7 @@ import pytest
 from deploykit.boards import load_board, repo_root
 from deploykit.cli import build_parser
 from deploykit.errors import ConfigError
-from deploykit.export import ExportOptions
+from deploykit.flows.base import ExportOptions
 from deploykit.profiles import (
     DEFAULT_PROFILE,
     PROFILES,

@@ -31,14 +31,11 @@ from deploykit.protocol import (
     Memory,
     RecordType,
     RunRecords,
-    StreamEncoder,
     Tensor,
     Timing,
     decode,
-    encode_record,
-    tensor_payloads,
-    timing_payload,
 )
+from tests.protocol_encoder import StreamEncoder, encode_record, tensor_payloads, timing_payload
 
 # DK_FUZZ_EXAMPLES=5000 for a deep run; the default keeps the file under a few seconds.
 FUZZ = settings(max_examples=int(os.environ.get("DK_FUZZ_EXAMPLES", "100")), deadline=None,

@@ -36,10 +36,9 @@ from deploykit.runners.serial_port import (
     SYNC,
     PicoRunner,
     SerialLink,
-    cdc_ports,
-    locate_port,
     read_board,
 )
+from deploykit.transport import cdc_ports, locate_port
 
 CC = shutil.which("cc") or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(CC is None, reason="no host C compiler (apt-get install gcc)")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from .boards import Board, available_boards, load_board
 from .errors import ConfigError
+from .families import family_of
+from .flows import get_flow
 from .inspect_pte import ProgramInfo, inspect_pte
 from .npu import npu_config, with_npu_overrides
 from .profiles import resolve_profile
@@ -31,8 +33,9 @@ def boards() -> list[Board]:
 
 def describe_board(board: Board) -> str:
     lines = [f"{board.name}: {board.description}",
-             f"  cpu {board.cpu['core']} ({' '.join(board.cpu_flags)}), runner "
-             f"{board.runner['kind']}, flows {', '.join(board.export['allowed'])}"]
+             f"  cpu {board.cpu['core']} ({' '.join(board.cpu_flags)}), family "
+             f"{board.family}, runner {board.runner['kind']}, flows "
+             f"{', '.join(board.export['allowed'])}"]
     npu = npu_config(board)
     if npu is not None:
         lines.append(f"  npu {npu.target} at 0x{npu.base:08X} irq {npu.irq}, Vela "
@@ -126,7 +129,10 @@ def program_json(info: ProgramInfo) -> dict:
                          "memory_mode": d.memory_mode, "size": d.size,
                          "scratch_size": d.scratch_size,
                          "ops": list(d.ops) if d.ops is not None else None,
-                         "op_counts": d.ops})
+                         "op_counts": d.ops,
+                         "npu_estimate": None if d.vela_estimate is None else {
+                             **to_jsonable(d.vela_estimate), "source": "Vela estimate",
+                             "mac_utilisation": d.vela_estimate.mac_utilisation}})
     out.update(segments=segments, cpu_ops=list(info.cpu_ops),
                cpu_fallback_ops=list(info.cpu_fallback_ops), max_scratch=info.max_scratch,
                planned_total=info.planned_total)
@@ -148,6 +154,8 @@ def _describe_segment(n: int, seg, info: ProgramInfo) -> list[str]:
         lines.append(f"         ops ({sum(d.ops.values())}): {ops or '-'}")
     else:
         lines.append("         ops: unknown (the Vela stream holds no op names)")
+    if d.vela_estimate is not None:
+        lines.append(f"         {d.vela_estimate.describe()}")
     return lines
 
 
@@ -159,6 +167,10 @@ def resolve_flow(board: Board, flow: str | None) -> str:
     flow = flow or board.export["default"]
     if flow not in board.export["allowed"]:
         raise ConfigError(f"Board {board.name} does not support the {flow} flow.",
+                          f"Allowed flows: {', '.join(board.export['allowed'])}.")
+    why_not = get_flow(flow).applies_to(board)
+    if why_not:
+        raise ConfigError(f"The {flow} flow cannot target board {board.name}: {why_not}.",
                           f"Allowed flows: {', '.join(board.export['allowed'])}.")
     return flow
 
@@ -221,22 +233,25 @@ def build(board: str, model: str, flow: str | None = None, out: Path | None = No
 def run(board: str, model: str, flow: str | None = None, out: Path | None = None,
         workspace: Path | None = None, timeout: float = 120.0, progress: Progress = _quiet,
         npu_macs: int | None = None, npu_memory_mode: str | None = None,
-        port: str | None = None, probe: str | None = None, inputs: Path | None = None,
+        runner_options: dict | None = None, inputs: Path | None = None,
         profile: str | None = None, fit: bool = False, atol: float | None = None,
         rtol: float | None = None):
     """Build, run on the board's runner, compare with the host. `inputs`: a directory of
     samples (input_sets.py) run in one firmware run instead of the example inputs. `fit`: as
-    for build. `atol`/`rtol` override the model's tolerance."""
+    for build. `atol`/`rtol` override the model's tolerance. `runner_options`: options the
+    board's runner declares (e.g. the Pico runner's port and probe; runners.runner_options)."""
     from .pipeline import run_firmware
+    from .runners import runner_class
     from .validate import Tolerance
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
+    runner_class(b).check_options(b.name, runner_options or {})  # before the slow build
     tolerance = None
     if atol is not None or rtol is not None:
         tolerance = Tolerance(atol=atol or 0.0, rtol=rtol or 0.0)
     return run_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
                         workspace, timeout, progress,
-                        runner_options={"port": port, "probe": probe}, inputs_dir=inputs,
+                        runner_options=runner_options, inputs_dir=inputs,
                         profile=resolve_profile(b, profile), fit=fit, tolerance=tolerance)
 
 
@@ -256,10 +271,11 @@ def flash(board: str, *, model: str | None = None, image: Path | None = None,
     if image is not None:
         image = Path(image)
         elf, uf2 = image.with_suffix(".elf"), image.with_suffix(".uf2")
-        if image.suffix == ".elf" and not uf2.exists() and "pico_sdk" in b.raw:
+        uf2_family = family_of(b).uf2_family(b)
+        if image.suffix == ".elf" and not uf2.exists() and uf2_family:
             from .uf2 import write_uf2
 
-            write_uf2(elf, uf2, family=b.raw["pico_sdk"]["platform"])
+            write_uf2(elf, uf2, family=uf2_family)
     elif model is not None:
         fw = (out or default_out(board, model)) / "firmware"
         elf, uf2 = fw / "dk_runner.elf", fw / "dk_runner.uf2"

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .flows import flow_names
 
 PLACEMENT_KINDS = ("vectors", "code", "model", "data", "stack", "heap", "pools")
 _SIZE_RE = re.compile(r"^(\d+)([KMG]?)$")
@@ -153,6 +154,10 @@ def board_from_dict(data: Any, path: Path) -> Board:
         for r in data["memory"]
     )
     _check_memory(memory, data["placement"], path)
+    unknown = [f for f in data["export"]["allowed"] if f not in flow_names()]
+    if unknown:
+        raise ConfigError(f"Board file {path}: export.allowed names unknown flow(s) "
+                          f"{', '.join(unknown)}.", f"Known flows: {', '.join(flow_names())}.")
     if data["export"]["default"] not in data["export"]["allowed"]:
         raise ConfigError(f"Board file {path}: export.default is not in export.allowed.",
                           "Add it to export.allowed or pick an allowed default.")

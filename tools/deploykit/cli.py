@@ -14,8 +14,10 @@ from typing import Any
 
 from . import api
 from .errors import DeployKitError, ExitCode
+from .flows import flow_names, registry
 from .jsonable import to_jsonable
 from .profiles import DEFAULT_PROFILE, PROFILES
+from .runners import runner_options
 
 _EPILOG = """\
 typical use:
@@ -48,8 +50,9 @@ def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = Tru
     if model:
         p.add_argument("--model", required=True, help="model name from models/ or a path to a "
                        "Python file defining model() and example_inputs()")
-        p.add_argument("--flow", choices=["portable_fp32", "cortex_m_int8", "ethos_u_int8"],
-                       help="export flow (default: the board file's export.default)")
+        p.add_argument("--flow", choices=flow_names(),
+                       help="export flow (default: the board file's export.default): "
+                       + "; ".join(f"{f.name}: {f.summary}" for f in registry().values()))
         p.add_argument("--npu-macs", type=int, metavar="N",
                        help="Ethos-U MAC configuration (U55: 32/64/128/256, U85: 128..2048); "
                        "overrides the board's npu.macs for Vela and the FVP alike")
@@ -196,11 +199,14 @@ def _model_optional(p: argparse.ArgumentParser) -> None:
 
 
 def _board_selection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", metavar="PORT|MOUNT|SERIAL",
-                   help="which board: its serial port (e.g. /dev/ttyACM0), its BOOTSEL drive's "
-                   "mount point, or its USB serial number; needed when several are connected")
-    p.add_argument("--probe", metavar="SERIAL",
-                   help="flash over SWD through the debug probe with this serial number")
+    """The options the runners declare (a board's runner takes its own; see runners/)."""
+    for option in runner_options():
+        p.add_argument(option.flag, dest=option.dest, metavar=option.metavar,
+                       help=option.help)
+
+
+def _given_runner_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {o.dest: getattr(args, o.dest, None) for o in runner_options()}
 
 
 def _dispatch(args: argparse.Namespace, out: _Output) -> int:
@@ -270,15 +276,21 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         out.result(fw, fw.summary())
         return 0
     if cmd == "run":
-        report = api.run(**common, timeout=args.timeout, port=args.port, probe=args.probe,
-                         inputs=args.inputs, atol=args.atol, rtol=args.rtol, fit=args.fit)
+        report = api.run(**common, timeout=args.timeout,
+                         runner_options=_given_runner_options(args), inputs=args.inputs,
+                         atol=args.atol, rtol=args.rtol, fit=args.fit)
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
     raise AssertionError(cmd)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()  # lists the installed flows: a broken extension stops here
+    except DeployKitError as exc:
+        print(f"deploykit: error: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
+    args = parser.parse_args(argv)
     out = _Output(getattr(args, "json", False))
     try:
         return _dispatch(args, out)

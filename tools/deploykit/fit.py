@@ -35,13 +35,17 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .boards import Board, repo_root
 from .errors import MemoryPlanError
+from .families import family_of
 from .fsutil import write_atomic
 from .inspect_pte import ProgramInfo
 from .plan import Sizing, align, estimate_pools
+
+if TYPE_CHECKING:
+    from .families.base import BoardFamily
 
 FIT_FILE = "fit.json"
 FIT_VERSION = 1
@@ -126,16 +130,17 @@ def _executorch_version() -> str:
         return "unknown"
 
 
-def firmware_sources_hash(family: str = "mps", root: Path | None = None) -> str:
+def firmware_sources_hash(family: BoardFamily, root: Path | None = None) -> str:
     """SHA-256 over the deploykit sources a runner firmware of board family `family` is built
-    from: the runner, the protocol encoder, the family's board support and the board API
-    files they share, the firmware CMake projects, the toolchain file and the runtime build
-    scripts. A change there re-measures; the selftest and other families do not count."""
+    from: the runner, the protocol encoder, the family's own firmware directories and the
+    board API files they share, the firmware CMake project, the toolchain file and the
+    runtime build scripts. A change there re-measures; the selftest and other families do not
+    count."""
     root = root or repo_root()
     fw = root / "firmware"
     paths = [*(fw / "boards").glob("*.*"), fw / "CMakeLists.txt"]
-    for tree in (fw / "runner", fw / "protocol", fw / "boards" / family, root / "cmake",
-                 *([fw / "pico"] if family == "rp2350" else [])):
+    for tree in (fw / "runner", fw / "protocol", *(fw / d for d in family.firmware_dirs),
+                 root / "cmake"):
         paths += tree.rglob("*")
     h = hashlib.sha256()
     for p in sorted(set(paths)):
@@ -154,7 +159,7 @@ def fit_options(program: ProgramInfo, board: Board,
     return {"pte_sha256": program.sha256, "executorch": _executorch_version(),
             "compiler": _compiler_version(), "cpu_flags": board.cpu_flags,
             "family": board.family, "build_options": dict(sorted((build_options or {}).items())),
-            "firmware_sources": firmware_sources_hash(board.family)}
+            "firmware_sources": firmware_sources_hash(family_of(board))}
 
 
 def fit_key(options: Mapping[str, Any]) -> str:

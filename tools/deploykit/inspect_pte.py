@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .flows.ethos_u_int8 import ETHOS_U_BACKEND
 from .method_memory import MethodLoad, model_method_load
+from .pte_reader import io_tensor, load_program, method_plan, operator_names, planned_buffers
 
-ETHOS_U_BACKEND = "EthosUBackend"
 # CPU ops that only convert between the float model I/O and the int8 the NPU works in.
 QDQ_OPS = ("cortex_m::quantize_per_tensor", "cortex_m::dequantize_per_tensor",
            "quantized_decomposed::quantize_per_tensor",
@@ -58,6 +59,55 @@ class VelaStream:
 
 
 @dataclass(frozen=True)
+class NpuEstimate:
+    """Vela's estimate of one Ethos-U delegate, made when it compiled it (export.json's
+    partition report): a performance model, not a measurement."""
+
+    total_cycles: int
+    npu_cycles: int
+    macs: int
+    npu_macs_per_cycle: int  # the NPU's MAC configuration (e.g. 256 for ethos-u85-256)
+    sram_mb: float  # traffic per inference
+    dram_mb: float
+    clock_mhz: float
+
+    @property
+    def mac_utilisation(self) -> float:
+        """MACs done / MACs the array could do in the estimated cycles."""
+        peak = self.total_cycles * self.npu_macs_per_cycle
+        return self.macs / peak if peak else 0.0
+
+    @classmethod
+    def from_vela(cls, vela: dict[str, Any], target: str | None) -> NpuEstimate | None:
+        """From the export report's Vela summary; None when it holds no cycle estimate (an
+        export made before deploykit asked Vela for one)."""
+        def number(key: str) -> float:
+            value = vela.get(key)
+            return float(value) if isinstance(value, (int, float)) else 0.0
+
+        if not isinstance(vela.get("total_cycles"), int):
+            return None
+        macs_per_cycle = target.rsplit("-", 1)[-1] if target else ""
+        return cls(total_cycles=vela["total_cycles"], npu_cycles=int(number("npu_cycles")),
+                   macs=int(number("network_macs")),
+                   npu_macs_per_cycle=int(macs_per_cycle) if macs_per_cycle.isdigit() else 0,
+                   sram_mb=number("sram_mb"), dram_mb=number("dram_mb"),
+                   clock_mhz=number("clock_mhz"))
+
+    def describe(self) -> str:
+        time = (f", {self.total_cycles / self.clock_mhz:,.1f} us at {self.clock_mhz:g} MHz"
+                if self.clock_mhz else "")
+        return (f"NPU (Vela estimate): {_count(self.total_cycles)} cycles "
+                f"({_count(self.npu_cycles)} compute), {_count(self.macs)} MACs, "
+                f"{self.mac_utilisation:.0%} MAC utilisation, SRAM {self.sram_mb:.2f} MB, "
+                f"DRAM {self.dram_mb:.2f} MB per inference{time}")
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.3g} M" if n >= 1e6 else f"{n / 1e3:.3g} k" if n >= 1e3 else str(n)
+
+
+@dataclass(frozen=True)
 class DelegateInfo:
     backend: str
     size: int
@@ -68,6 +118,7 @@ class DelegateInfo:
     memory_mode: str | None = None
     vela: VelaStream | None = None
     ops: dict[str, int] | None = None  # ops inside (from the export report), None if unknown
+    vela_estimate: NpuEstimate | None = None  # Vela's (from the export report), None if unknown
 
     @property
     def scratch_size(self) -> int | None:
@@ -135,33 +186,18 @@ class ProgramInfo:
 def inspect_pte(path: Path, method: str = "forward", report: Path | None = None) -> ProgramInfo:
     """Describe `path`. The ops inside delegates come from `report` (default: export.json
     beside the .pte) when it was written for this very .pte."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
-    from executorch.exir.schema import Tensor
-
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"No .pte file at {path}.", "Run `deploykit export` first.")
     data = path.read_bytes()
-    try:
-        program = deserialize_pte_binary(data).program
-    except Exception as exc:  # the flatbuffer parser raises many unrelated types
-        raise ConfigError(f"{path} is not a readable ExecuTorch program: {exc}",
-                          "Re-export the model with the pinned executorch version.") from exc
-    plans = {p.name: p for p in program.execution_plan}
-    if method not in plans:
-        raise ConfigError(f"{path} has no method '{method}'.",
-                          f"Methods: {', '.join(plans)}.")
-    plan = plans[method]
+    program = load_program(data, str(path))
+    plan = method_plan(program, method, str(path))
 
     def tensor_of(index: int) -> TensorInfo:
-        val = plan.values[index].val
-        if not isinstance(val, Tensor):
-            raise ConfigError(f"{path}: input/output {index} is not a tensor.",
-                              "deploykit supports tensor inputs and outputs only.")
-        return TensorInfo(int(val.scalar_type), tuple(int(s) for s in val.sizes))
+        t = io_tensor(plan, index, str(path))
+        return TensorInfo(t.scalar_type, tuple(t.sizes))
 
-    operators = tuple(
-        f"{op.name}.{op.overload}" if op.overload else op.name for op in plan.operators)
+    operators = operator_names(plan)
     sha = hashlib.sha256(data).hexdigest()
     partition, source = _partition_report(report or path.parent / "export.json", sha)
     delegates = tuple(_delegate_info(program, i, d, partition)
@@ -175,7 +211,7 @@ def inspect_pte(path: Path, method: str = "forward", report: Path | None = None)
         method=method,
         operators=operators,
         delegates=delegates,
-        planned_buffers=tuple(int(s) for s in plan.non_const_buffer_sizes[1:]),
+        planned_buffers=planned_buffers(plan),
         inputs=tuple(tensor_of(i) for i in plan.inputs),
         outputs=tuple(tensor_of(i) for i in plan.outputs),
         num_values=len(plan.values),
@@ -211,20 +247,21 @@ def _segments(plan: Any, operators: tuple[str, ...],
     return tuple(out)
 
 
-def _partition_report(path: Path, sha: str) -> tuple[dict[int, dict[str, int]], str | None]:
-    """Ops inside each delegate, by delegate index, from an export report for this .pte."""
+def _partition_report(path: Path, sha: str) -> tuple[dict[int, dict[str, Any]], str | None]:
+    """Each delegate's entry (ops inside, Vela's summary), by delegate index, from an export
+    report for this .pte."""
     try:
         report = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}, None
     if report.get("pte", {}).get("sha256") != sha or "partition" not in report:
         return {}, None
-    return ({int(d["index"]): dict(d["ops"]) for d in report["partition"].get("delegates", [])},
+    return ({int(d["index"]): d for d in report["partition"].get("delegates", [])},
             f"{path} (export-time partition report)")
 
 
 def _delegate_info(program: Any, index: int, delegate: Any,
-                   partition: dict[int, dict[str, int]]) -> DelegateInfo:
+                   partition: dict[int, dict[str, Any]]) -> DelegateInfo:
     specs = {}
     for spec in delegate.compile_specs:
         try:
@@ -236,12 +273,15 @@ def _delegate_info(program: Any, index: int, delegate: Any,
     blob = bytes(program.backend_delegate_data[loc.index].data) if loc.location == 0 else None
     vela = parse_vela_stream(blob) if blob is not None and delegate.id == ETHOS_U_BACKEND \
         else None
+    entry = partition.get(index)
+    target = specs.get("target") or flags.get("--accelerator-config")
     return DelegateInfo(
         backend=delegate.id, size=_delegate_size(program, delegate), index=index,
         compile_specs={k: v for k, v in specs.items() if k != "debug_artifact_path"},
-        target=specs.get("target") or flags.get("--accelerator-config"),
+        target=target,
         system_config=flags.get("--system-config"), memory_mode=flags.get("--memory-mode"),
-        vela=vela, ops=partition.get(index))
+        vela=vela, ops=dict(entry["ops"]) if entry else None,
+        vela_estimate=NpuEstimate.from_vela(entry.get("vela", {}), target) if entry else None)
 
 
 def iter_vela_blocks(blob: bytes):

@@ -27,9 +27,9 @@ from types import ModuleType
 from typing import Any
 
 from .errors import ConfigError
+from .flows import flow_names
 
 MODELS_DIR = "models"
-KNOWN_FLOWS = ("portable_fp32", "cortex_m_int8", "ethos_u_int8")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -189,9 +189,9 @@ def _check_tolerance(path: Path, value: Any) -> dict[str, dict[str, float]]:
                           'Write e.g. TOLERANCE = {"cortex_m_int8": {"atol": 0.05}}.')
     out: dict[str, dict[str, float]] = {}
     for flow, tol in value.items():
-        if flow not in KNOWN_FLOWS:
+        if flow not in flow_names():
             raise ConfigError(f"{path}: TOLERANCE names unknown flow '{flow}'.",
-                              f"Known flows: {', '.join(KNOWN_FLOWS)}.")
+                              f"Known flows: {', '.join(flow_names())}.")
         if not isinstance(tol, dict) or not tol:
             raise ConfigError(f"{path}: TOLERANCE['{flow}'] must be a non-empty dict.",
                               'Write e.g. {"atol": 0.05} or {"atol": 1e-5, "rtol": 0}.')

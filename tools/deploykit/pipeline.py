@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import sys
@@ -29,45 +30,48 @@ import numpy as np
 from . import fit as fitting
 from .boards import Board, repo_root
 from .errors import (
-    BuildError,
-    ConfigError,
-    DeployKitError,
-    EnvironmentProblem,
     ExitCode,
     MemoryPlanError,
 )
 from .export import ExportResult, load_export, memory_order_bytes
 from .export import export as export_model
-from .firmware_build import PICO_FAMILY, PICO_PROJECTS, Firmware, build_image
+from .families import family_of
+from .firmware_build import Firmware
+from .flows import get_flow
+from .flows.base import ExportTarget, Flow
 from .footprint import Footprint, footprint
 from .fsutil import write_atomic
 from .input_sets import load_input_sets
 from .inspect_pte import ProgramInfo, inspect_pte
 from .jsonable import to_jsonable
 from .models import load_model, resolve_model_path
-from .npu import npu_config
 from .plan import MemoryPlan, Sizing, plan_memory
 from .profiles import BuildProfile, resolve_profile
 from .protocol import RunRecords
 from .render import ModelSources, render_board_files, render_model_files
 from .runners import runner_for_board
-from .sources import check_executorch_commit, load_workspace, read_manifest, require_projects
+from .sources import check_executorch_commit, load_workspace, require_projects
 from .validate import Tolerance, Verdict, compare_sets
 
 Progress = Callable[[str], None]
 
 
-def _export_key(model_path: Path, flow: str, cpu: str, npu: dict | None = None,
+def _export_key(model_path: Path, flow: Flow, cpu: str, settings: dict | None = None,
                 inputs_digest: str = "", options: str = "") -> str:
     """Everything an export depends on: the model file and the Python files beside it (a model
-    may import its neighbours, as mobilenet_v2_lrn imports mobilenet_v2), flow, CPU, NPU
-    settings (Vela target, system config, memory mode), exporter and versions."""
+    may import its neighbours, as mobilenet_v2_lrn imports mobilenet_v2), the flow and its
+    target settings (for the Ethos-U flow: Vela target, system config, memory mode), CPU,
+    the exporter's code (the export stage, the built-in flows and the flow's own module, which
+    may come from another package) and versions."""
+    package = Path(__file__).parent
+    exporter = {package / "export.py", package / "models.py", package / "pte_reader.py",
+                *(package / "flows").glob("*.py"), Path(inspect.getfile(type(flow)))}
     h = hashlib.sha256()
     neighbours = sorted(model_path.parent.glob("*.py"))
     for part in (model_path.read_bytes(), *(p.read_bytes() for p in neighbours),
-                 flow.encode(), cpu.encode(), inputs_digest.encode(), options.encode(),
-                 json.dumps(npu, sort_keys=True).encode(),
-                 *((Path(__file__).parent / m).read_bytes() for m in ("export.py", "models.py")),
+                 flow.name.encode(), cpu.encode(), inputs_digest.encode(), options.encode(),
+                 json.dumps(settings, sort_keys=True).encode(),
+                 *(p.read_bytes() for p in sorted(exporter)),
                  metadata.version("torch").encode(), metadata.version("executorch").encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
@@ -104,14 +108,14 @@ def export_stage(board: Board, model: str, flow: str, out: Path,
     """
     _name, model_path = resolve_model_path(model, repo_root())
     export_dir = out / "export"
-    npu = npu_config(board)
-    npu_settings = npu.export_settings() if npu is not None and flow == "ethos_u_int8" else None
+    flow_impl = get_flow(flow)
+    settings = flow_impl.target_settings(board)
     options = (profile or resolve_profile(board)).export_options()
     spec = input_sets = None
     if inputs_dir is not None:
         spec = load_model(model, repo_root())
         input_sets = load_input_sets(inputs_dir, spec.example_inputs)
-    key = _export_key(model_path, flow, board.cpu["core"], npu_settings,
+    key = _export_key(model_path, flow_impl, board.cpu["core"], settings,
                       input_sets.digest if input_sets else "", options.key())
     key_file = export_dir / "export-key"
     if key_file.exists() and key_file.read_text() == key:
@@ -120,13 +124,12 @@ def export_stage(board: Board, model: str, flow: str, out: Path,
             progress(f"export of {cached.model_name} is up to date ({export_dir})")
             return cached
     key_file.unlink(missing_ok=True)
-    target = f"{npu_settings['target']} ({npu_settings['memory_mode']})" if npu_settings \
-        else board.cpu["core"]
+    target = flow_impl.target_description(ExportTarget(board.cpu["core"], settings))
     progress(f"exporting {model} with the {flow} flow for {target} "
              f"(native library output: {export_dir / 'export-native.log'})")
     with _native_output_to(export_dir / "export-native.log"):
         spec = spec or load_model(model, repo_root())
-        result = export_model(spec, flow, export_dir, cpu=board.cpu["core"], npu=npu_settings,
+        result = export_model(spec, flow, export_dir, cpu=board.cpu["core"], settings=settings,
                               input_sets=list(input_sets.samples) if input_sets else None,
                               options=options)
     if input_sets is not None:
@@ -238,7 +241,9 @@ class BuiltModel:
 
     def summary(self) -> str:
         p = self.planned
-        text = (f"{describe_export(p.export)}\nmemory plan:\n{p.plan.table()}\n"
+        estimates = "".join(f"\n  delegate {d.index}: {d.vela_estimate.describe()}"
+                            for d in p.program.delegates if d.vela_estimate is not None)
+        text = (f"{describe_export(p.export)}{estimates}\nmemory plan:\n{p.plan.table()}\n"
                 f"{self.firmware.summary(sizes=self.footprint is None)}")
         if self.footprint is not None:
             text += f"\n{self.footprint.table()}"
@@ -254,14 +259,16 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
     are then linked at the measured peaks plus margin (fit.py, docs/memory.md)."""
     ws = load_workspace(workspace)  # before the slow export: fail fast without sources
     et_commit = check_executorch_commit(ws)
-    if board.family == PICO_FAMILY:
-        require_projects(ws, PICO_PROJECTS, f"The {board.name} firmware")
+    family = family_of(board)
+    if family.projects:
+        require_projects(ws, list(family.projects), f"The {board.name} firmware")
+    flow_impl = get_flow(flow)
     profile = profile or resolve_profile(board)
     board = profile.board_for(board)  # e.g. the reference profile's soft-float CPU flags
     planned = _export_and_plan(board, model, flow, out, progress, inputs_dir, profile=profile)
-    if flow == "ethos_u_int8":
+    if flow_impl.needs_npu:
         progress(f"memory plan (fits):\n{planned.plan.table(items=True)}")
-        _require_ethos_u_sources(board, ws, out)
+    flow_definitions = flow_impl.firmware_definitions(board, ws, out, planned.plan)
     exported = planned.export
     generated = out / "generated"
     input_sets = [[np.frombuffer(memory_order_bytes(a, order), dtype=a.dtype).reshape(a.shape)
@@ -277,11 +284,9 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
         "DK_ET_COMMIT": et_commit,
         **({"DK_FLATC": flatc} if (flatc := wheel_flatc(ws.executorch_dir)) else {}),
         **profile.cmake_definitions(board),
+        **family.build_definitions(board, ws),
+        **flow_definitions,
     }
-    if board.family == PICO_FAMILY:
-        # Through the pico-sdk project (firmware/pico/), which takes the SDK (and picotool,
-        # when built) from this workspace.
-        definitions["DK_WORKSPACE"] = str(ws.root)
 
     def compile_with(plan: MemoryPlan) -> Firmware:
         """Render the generated files for `plan` (pool sizes; a fitted stack and heap override
@@ -293,7 +298,7 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
             expected_outputs=exported.reference_sets[0], plan=plan, et_commit=et_commit,
             build_info=f"flow={flow} cpu={board.cpu['core']} profile={profile.name}"),
             generated)
-        return build_image(sized, generated, out / "firmware", "runner", definitions,
+        return family.build_image(sized, generated, out / "firmware", "runner", definitions,
                            progress=progress)
 
     if fit and planned.fit is None and profile.memory != "fixed":
@@ -401,33 +406,6 @@ def wheel_flatc(executorch_dir: Path) -> str | None:
     except OSError:
         return None
     return str(flatc) if out.split()[-1:] == [tree] else None
-
-
-ETHOS_U_DRIVER = "ethos-u-core-driver"
-
-
-def _require_ethos_u_sources(board: Board, ws, out: Path) -> None:
-    """Stop an NPU firmware build, after export and plan, where it cannot go on."""
-    npu = npu_config(board)
-    what = f"{npu.target} NPU of {board.name}" if npu else board.name
-    if not ws.has(ETHOS_U_DRIVER):
-        pin = next(p for p in read_manifest() if p.name == ETHOS_U_DRIVER)
-        raise EnvironmentProblem(
-            f"Ethos-U core driver sources not available: add {ETHOS_U_DRIVER} to the workspace "
-            f"at {ws.root} to build firmware for the {what} (ExecuTorch's EthosUBackend "
-            f"links it). The export and memory plan are done: {out / 'export'}, "
-            f"{out / 'plan.json'}.",
-            f"`deploykit setup --group ethos-u` fetches it (pinned in west.yml: {pin.url} "
-            f"at {pin.revision}, the release ExecuTorch v1.4.1 uses). Without access to Arm's "
-            f"GitLab, give a local clone: deploykit setup --source "
-            f"{ETHOS_U_DRIVER}=PATH@{pin.revision}. CPU-only firmware for this board needs "
-            "no driver: --flow cortex_m_int8.")
-    raise BuildError(
-        f"The workspace has {ETHOS_U_DRIVER}, but deploykit's runner firmware does not yet "
-        f"initialise the NPU (base 0x{npu.base:08X}, IRQ {npu.irq}) nor link the "
-        "EthosUBackend." if npu else "No NPU section on this board.",
-        "Build with --flow cortex_m_int8 for a CPU-only image meanwhile; the export and plan "
-        f"in {out} are complete.")
 
 
 @dataclass
@@ -571,20 +549,13 @@ FIT_FILE_NAME = fitting.FIT_FILE
 
 
 def resolve_runner_options(board: Board, options: dict | None, workspace: Path | None,
-                    progress: Progress) -> dict:
-    """--port/--probe (and the workspace, to build picotool from) for runners of physical
-    boards; simulators take none."""
-    from .runners import RUNNERS
+                           progress: Progress) -> dict:
+    """The runner's keyword arguments: the command-line options it declares (any other one
+    set is an error), and the workspace and progress every runner is offered."""
+    from .runners import runner_class
 
-    opts = {k: v for k, v in (options or {}).items() if v is not None}
-    if getattr(RUNNERS.get(board.runner.get("kind")), "needs_board", False):
-        opts.setdefault("progress", progress)
-        with contextlib.suppress(DeployKitError):
-            opts.setdefault("workspace", load_workspace(workspace))
-    elif opts:
-        raise ConfigError(f"--port/--probe select a physical board; {board.name} runs on "
-                          f"{board.runner.get('kind')}.", "Leave them out for this board.")
-    return opts
+    opts = runner_class(board).check_options(board.name, options or {})
+    return {**opts, "workspace": workspace, "progress": progress}
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from .errors import ConfigError
-from .export import ExportOptions
+from .families import family_of
+from .flows.base import ExportOptions
 
 if TYPE_CHECKING:
     from .boards import Board
     from .inspect_pte import ProgramInfo
 
 DEFAULT_PROFILE = "size"
-# Boards of this family link the pico-sdk's C runtime (firmware_build.PICO_FAMILY).
-SDK_RUNTIME_FAMILY = "rp2350"
 KIB = 1024
 
 
@@ -92,7 +91,7 @@ class BuildProfile:
         def on(flag: bool) -> str:
             return "ON" if flag else "OFF"
 
-        sdk_runtime = board is not None and board.family == SDK_RUNTIME_FAMILY
+        sdk_runtime = board is not None and not family_of(board).owns_c_runtime
 
         return {
             "DK_PROFILE": self.name,

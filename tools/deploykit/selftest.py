@@ -14,7 +14,8 @@ import numpy as np
 
 from .boards import Board
 from .errors import ExitCode
-from .firmware_build import Firmware, build_image
+from .families import family_of
+from .firmware_build import Firmware
 from .protocol import RunRecords
 from .render import render_board_files
 from .runners import RunResult, runner_for_board
@@ -82,8 +83,8 @@ def run_selftest(board: Board, out: Path, timeout: float, progress: Callable[[st
     generated = out / "generated"
     render_board_files(board, generated)
     progress(f"building the selftest firmware ({variant}) for {board.name}")
-    fw = build_image(board, generated, out / "firmware", "selftest",
-                     {"DK_SELFTEST_FAULT": str(mode)}, progress=progress)
+    fw = family_of(board).build_image(board, generated, out / "firmware", "selftest",
+                                      {"DK_SELFTEST_FAULT": str(mode)}, progress=progress)
     runner = runner_for_board(board)
     progress(f"running {fw.elf.name} on {runner.kind}")
     result = runner.run(fw.elf, out, timeout_s=timeout, check=variant == "ok")

@@ -9,10 +9,11 @@ Pico 2 the order is:
 3. openocd / pyocd  SWD through a debug probe.
 
 When none sees a board but a running one is connected (its USB CDC port, found by VID/PID),
-it is rebooted into BOOTSEL by opening its port at the reset baud rate, and the search runs
-again. Ambiguity stops with the candidates named: two boards, or a `--port` whose USB serial
-number matches none of them. `--port` takes a serial port (the board running deploykit
-firmware), a mount point (a BOOTSEL drive) or a USB serial number; `--probe` a probe's serial.
+it is rebooted into BOOTSEL by opening its port at the reset baud rate (both in
+deploykit.transport), and the search runs again. Ambiguity stops with the candidates named:
+two boards, or a `--port` whose USB serial number matches none of them. `--port` takes a
+serial port (the board running deploykit firmware), a mount point (a BOOTSEL drive) or a USB
+serial number; `--probe` a probe's serial.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from deploykit.flashers.base import (
 from deploykit.flashers.picotool import PicotoolFlasher, ensure_picotool, picotool_build_dir
 from deploykit.flashers.swd import OpenOcdFlasher, PyOcdFlasher
 from deploykit.flashers.uf2_drive import Uf2DriveFlasher
+from deploykit.transport import reboot_to_bootsel, running_boards
 
 FLASHERS: dict[str, type[Flasher]] = {
     cls.kind: cls for cls in (PicotoolFlasher, Uf2DriveFlasher, OpenOcdFlasher, PyOcdFlasher)
@@ -69,13 +71,6 @@ def _port_serial(port: str, env: HostEnv) -> tuple[str | None, list[Any]]:
         if p.device == port or Path(p.device).resolve() == Path(port).resolve():
             return p.serial_number, ports
     return None, ports
-
-
-def running_boards(board: Any, env: HostEnv) -> list[Any]:
-    """Serial ports of boards running firmware with the board file's USB CDC identity."""
-    usb = (getattr(board, "raw", None) or {}).get("usb", {})
-    return [p for p in env.ports()
-            if p.vid == usb.get("vid") and p.pid == usb.get("pid_cdc")]
 
 
 def select(board: Any, *, port: str | None = None, probe: str | None = None,
@@ -154,7 +149,7 @@ def select(board: Any, *, port: str | None = None, probe: str | None = None,
         seen.append(f"{f.kind}: " + "; ".join(f.notes + ([reason] if reason else [])))
 
     if allow_reboot and not probe:
-        running = running_boards(board, env)
+        running = running_boards(board, env.ports())
         if want_serial:
             running = [p for p in running if p.serial_number == want_serial
                        or p.device == port]
@@ -164,8 +159,6 @@ def select(board: Any, *, port: str | None = None, probe: str | None = None,
                 + "; ".join(f"{p.device} (serial {p.serial_number})" for p in running) + ".",
                 "Choose one with --port <its serial port>.")
         if len(running) == 1:
-            from deploykit.runners.serial_port import reboot_to_bootsel
-
             p = running[0]
             raw = getattr(board, "raw", None) or {}
             baud = int(raw.get("serial", {}).get("reset_baud", 1200))
@@ -211,4 +204,4 @@ def flash(board: Any, image: FlashImage, *, port: str | None = None, probe: str 
 __all__ = ["FLASHERS", "FlashError", "FlashImage", "FlashResult", "FlashTarget", "Flasher",
            "FlasherCapabilities", "HostEnv", "OpenOcdFlasher", "PicotoolFlasher", "PyOcdFlasher",
            "Uf2DriveFlasher", "UsbDevice", "ensure_picotool", "flash", "flasher_configs",
-           "picotool_build_dir", "running_boards", "select", "usb_devices"]
+           "picotool_build_dir", "select", "usb_devices"]

@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from deploykit.errors import ConfigError
-from deploykit.runners.base import DEFAULT_TIMEOUT_S, Runner, RunResult, runner_section
+from deploykit.runners.base import (
+    DEFAULT_TIMEOUT_S,
+    Runner,
+    RunnerOption,
+    RunResult,
+    runner_section,
+)
 from deploykit.runners.fvp import FvpRunner
 from deploykit.runners.qemu import QemuRunner, icount_instructions
 from deploykit.runners.serial_port import PicoRunner
@@ -14,21 +20,30 @@ RUNNERS: dict[str, type[Runner]] = {QemuRunner.kind: QemuRunner, FvpRunner.kind:
                                     PicoRunner.kind: PicoRunner}
 
 
-def runner_for_board(board: Any, **kwargs: Any) -> Runner:
-    """The runner named by the board's `runner.kind`, configured from that section."""
-    section = runner_section(board)
-    kind = section.get("kind")
+def runner_class(board: Any) -> type[Runner]:
+    """The runner class named by the board's `runner.kind`."""
+    kind = runner_section(board).get("kind")
     cls = RUNNERS.get(kind)  # type: ignore[arg-type]
     if cls is None:
         raise ConfigError(f"runner kind {kind!r} is not supported",
                           f"Known kinds: {', '.join(sorted(RUNNERS))}.")
-    if isinstance(cls, type) and issubclass(cls, FvpRunner):
-        return cls.from_board(board, **kwargs)  # also needs the board's npu.macs
-    if getattr(cls, "needs_board", False):  # serial boards: usb, serial, flashers sections
-        kwargs.setdefault("board", board)
-    return cls(section, **kwargs)  # type: ignore[call-arg]
+    return cls
+
+
+def runner_for_board(board: Any, **kwargs: Any) -> Runner:
+    """The runner of the board's `runner.kind`, configured from the board."""
+    return runner_class(board).from_board(board, **kwargs)
+
+
+def runner_options() -> tuple[RunnerOption, ...]:
+    """The command-line options of every runner, each once (by flag)."""
+    seen: dict[str, RunnerOption] = {}
+    for cls in RUNNERS.values():
+        for option in cls.options:
+            seen.setdefault(option.flag, option)
+    return tuple(seen.values())
 
 
 __all__ = ["DEFAULT_TIMEOUT_S", "RUNNERS", "FvpRunner", "PicoRunner", "QemuRunner", "RunResult",
-           "Runner",
-           "icount_instructions", "runner_for_board", "runner_section"]
+           "Runner", "RunnerOption", "icount_instructions", "runner_class", "runner_for_board",
+           "runner_options", "runner_section"]

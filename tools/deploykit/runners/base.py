@@ -7,6 +7,10 @@ the pipeline can ask before it relies on a feature:
   semihosting); a disagreement is then a protocol error.
 - `supports_icount`: instruction counts are deterministic and can be derived from ticks.
 - `is_simulator`: nothing physical is flashed.
+
+It also declares the command-line options it takes (`options`, like a west runner's
+`add_parser`): the CLI offers the options of every runner, and a run passes a runner only the
+ones it declares; giving another board's option is an error, never silently ignored.
 """
 
 from __future__ import annotations
@@ -21,6 +25,16 @@ from deploykit.errors import ConfigError, ExitCode, RunError
 from deploykit.protocol import DecodeStats, Outcome, RunRecords
 
 DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class RunnerOption:
+    """A command-line option a runner takes (`deploykit run` and `flash`)."""
+
+    flag: str  # "--port"
+    dest: str  # the keyword the runner's constructor takes: "port"
+    metavar: str
+    help: str
 
 
 @dataclass
@@ -106,6 +120,28 @@ class Runner(abc.ABC):
     supports_exit_code: ClassVar[bool] = False
     supports_icount: ClassVar[bool] = False
     is_simulator: ClassVar[bool] = False
+    options: ClassVar[tuple[RunnerOption, ...]] = ()
+
+    @classmethod
+    def from_board(cls, board: Any, *, progress: Any = None, workspace: Path | None = None,
+                   **kwargs: Any) -> Runner:
+        """The runner for `board` (configured from its `runner:` section). `progress` and
+        `workspace` are offered to every runner; a simulator needs neither."""
+        return cls(runner_section(board), **kwargs)  # type: ignore[call-arg]
+
+    @classmethod
+    def check_options(cls, board_name: str, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The options of `given` that were set, after checking this runner takes them."""
+        declared = {o.dest: o.flag for o in cls.options}
+        set_ = {k: v for k, v in given.items() if v is not None}
+        extra = [k for k in set_ if k not in declared]
+        if extra:
+            flags = "/".join(f"--{k.replace('_', '-')}" for k in extra)
+            takes = ", ".join(declared.values()) or "no options"
+            raise ConfigError(f"{flags} is not an option of the {cls.kind} runner that "
+                              f"{board_name} runs on (it takes {takes}).",
+                              "Leave it out for this board.")
+        return set_
 
     @classmethod
     def capabilities(cls) -> dict[str, bool]:

@@ -130,7 +130,8 @@ class FvpRunner(Runner):
         self.done_grace_s = done_grace_s
 
     @classmethod
-    def from_board(cls, board: Any, **kwargs: Any) -> FvpRunner:
+    def from_board(cls, board: Any, *, progress: Any = None, workspace: Any = None,
+                   **kwargs: Any) -> FvpRunner:
         """From a board (Board or mapping): runner section plus the MAC count of its NPU."""
         from deploykit.npu import npu_config
 

@@ -1,8 +1,7 @@
-"""Boards whose console is a real serial port: find the port, read the results, run a board.
+"""Boards whose console is a real serial port: read the results, run a board.
 
-- Port discovery: the board file's USB identity (`usb.vid`, `usb.pid_cdc`) against pyserial's
-  `list_ports` (ListPortInfo); two candidates, or a `--port` whose USB serial number differs
-  from the board just flashed, stop with the candidates named.
+- Port discovery (by the board file's USB identity) is `deploykit.transport`, shared with the
+  flashers.
 - `SerialLink`: the host side of the serial link (docs/pico2.md; firmware/boards/rp2350/
   dk_link.h). USB CDC loses what the device writes while the host does not have the port open,
   so the device keeps every result byte and sends nothing unasked. The host opens the port,
@@ -28,8 +27,17 @@ from typing import Any, BinaryIO
 import serial
 
 from deploykit.errors import ConfigError, ExitCode, RunError
+from deploykit.families import family_of
+from deploykit.flashers import FlashError, FlashImage, HostEnv, flash, select
 from deploykit.protocol import Decoder, RunRecords
-from deploykit.runners.base import DEFAULT_TIMEOUT_S, Runner, RunResult
+from deploykit.runners.base import (
+    DEFAULT_TIMEOUT_S,
+    Runner,
+    RunnerOption,
+    RunResult,
+    runner_section,
+)
+from deploykit.transport import default_list_ports, locate_port, running_boards
 
 MARK = b"\x16DK"
 REQUEST = MARK + b"R"
@@ -41,80 +49,6 @@ _READ_CHUNK = 4096
 
 def _quiet(_message: str) -> None:
     pass
-
-
-# ---- port discovery --------------------------------------------------------------------------
-
-def _usb(board: Any) -> Mapping[str, Any]:
-    raw = board.get("usb", {}) if isinstance(board, Mapping) else \
-        (getattr(board, "raw", None) or {}).get("usb", {})
-    if "vid" not in raw or "pid_cdc" not in raw:
-        name = board.get("name") if isinstance(board, Mapping) else getattr(board, "name", "?")
-        raise ConfigError(f"Board {name} has no usb.vid/usb.pid_cdc to find its serial port by.",
-                          "Add a `usb:` section to the board file, or give --port.")
-    return raw
-
-
-def _describe_port(p: Any) -> str:
-    return (f"{p.device} (USB {p.vid:04x}:{p.pid:04x} serial {p.serial_number or '?'}"
-            + (f", at {p.location}" if getattr(p, "location", None) else "") + ")")
-
-
-def cdc_ports(board: Any, ports: list[Any]) -> list[Any]:
-    """The ports of `ports` (pyserial ListPortInfo) that are this board's CDC device."""
-    usb = _usb(board)
-    return [p for p in ports if p.vid == usb["vid"] and p.pid == usb["pid_cdc"]]
-
-
-def locate_port(board: Any, ports: list[Any], port: str | None = None,
-                serial_number: str | None = None) -> str | None:
-    """The device of the board's serial port, None when it is not (yet) there.
-
-    `port`: what the user gave (a device path or a pyserial URL); `serial_number`: the USB
-    serial number the port must have (the board that was just flashed)."""
-    if port and "://" in port:
-        return port  # a pyserial URL (socket://, rfc2217://, loop://): taken as it is
-    if port:
-        info = next((p for p in ports if p.device == port), None)
-        if info is None:
-            return port if os.path.exists(port) else None
-        if serial_number and info.serial_number and info.serial_number != serial_number:
-            others = [p for p in cdc_ports(board, ports) if p.serial_number == serial_number]
-            raise ConfigError(
-                f"--port {port} is USB serial number {info.serial_number}, but the board that "
-                f"was flashed is {serial_number}"
-                + (f" ({', '.join(_describe_port(p) for p in others)})" if others else "") + ".",
-                "Give the flashed board's port with --port, or leave --port out.")
-        return port
-    candidates = cdc_ports(board, ports)
-    if serial_number:
-        matching = [p for p in candidates if p.serial_number == serial_number]
-        if not matching:
-            return None  # the flashed board has not enumerated yet
-        candidates = matching
-    if len(candidates) > 1:
-        raise ConfigError(
-            f"{len(candidates)} serial ports look like this board: "
-            + "; ".join(_describe_port(p) for p in candidates) + ".",
-            "Choose one with --port <device>.")
-    return candidates[0].device if candidates else None
-
-
-def default_list_ports() -> list[Any]:
-    from serial.tools.list_ports import comports
-
-    return list(comports())
-
-
-def reboot_to_bootsel(device: str, baud: int = 1200) -> None:
-    """Open `device` at `baud` and close it: the pico-sdk's USB stdio then reboots the board
-    into BOOTSEL (PICO_STDIO_USB_RESET_MAGIC_BAUD_RATE, 1200 by default)."""
-    try:
-        s = serial.Serial(device, baudrate=baud)
-        s.dtr = False
-        s.close()
-    except (serial.SerialException, OSError):
-        pass  # the device often disappears while we close it
 
 
 # ---- the host side of the serial link -------------------------------------------------------
@@ -300,7 +234,28 @@ class PicoRunner(Runner):
     supports_exit_code = False  # a board has no exit code; `done.status` is the verdict
     supports_icount = False
     is_simulator = False
-    needs_board = True  # runners/__init__.py passes the whole board
+    options = (
+        RunnerOption("--port", "port", "PORT|MOUNT|SERIAL",
+                     "which board: its serial port (e.g. /dev/ttyACM0), its BOOTSEL drive's "
+                     "mount point, or its USB serial number; needed when several are "
+                     "connected"),
+        RunnerOption("--probe", "probe", "SERIAL",
+                     "flash over SWD through the debug probe with this serial number"),
+    )
+
+    @classmethod
+    def from_board(cls, board: Any, *, progress: Any = None, workspace: Path | None = None,
+                   **kwargs: Any) -> PicoRunner:
+        """The whole board (usb, serial, flashers sections), and the workspace to build
+        picotool from when it is missing."""
+        from deploykit.errors import DeployKitError
+        from deploykit.sources import load_workspace
+
+        ws = None
+        with contextlib.suppress(DeployKitError):
+            ws = load_workspace(workspace)
+        return cls(runner_section(board), board=board, workspace=ws,
+                   **({"progress": progress} if progress else {}), **kwargs)
 
     def __init__(self, config: Mapping[str, Any], *, board: Any = None, port: str | None = None,
                  probe: str | None = None, env: Any = None, workspace: Any = None,
@@ -331,10 +286,9 @@ class PicoRunner(Runner):
         """Raise EnvironmentProblem when no board is connected in any form (running, in
         BOOTSEL mode, as a drive, or behind a probe); else say what was found."""
         from deploykit.errors import EnvironmentProblem
-        from deploykit.flashers import FlashError, HostEnv, running_boards, select
 
         env = self.env or HostEnv()
-        running = running_boards(self.board, env)
+        running = running_boards(self.board, env.ports())
         if running:
             return f"{self.board.name} running on {running[0].device}"
         try:
@@ -347,8 +301,6 @@ class PicoRunner(Runner):
 
     def run(self, elf: Path, out_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
             check: bool = True) -> RunResult:
-        from deploykit.flashers import FlashImage, HostEnv, flash
-
         elf = Path(elf)
         env = self.env or HostEnv()
         run_dir = Path(out_dir) / "run"
@@ -360,7 +312,7 @@ class PicoRunner(Runner):
             if not uf2.exists():
                 from deploykit.uf2 import write_uf2
 
-                write_uf2(elf, uf2, family=self.board.raw["pico_sdk"]["platform"])
+                write_uf2(elf, uf2, family=family_of(self.board).uf2_family(self.board))
             result = flash(self.board, FlashImage(elf, uf2), port=self.port, probe=self.probe,
                            env=env, progress=self.progress, workspace=self.workspace)
             notes.append(result.summary())
@@ -464,4 +416,4 @@ class MonitorReport:
 
 
 __all__ = ["ACK", "REQUEST", "SYNC", "LinkResult", "LinkStats", "MonitorReport", "PicoRunner",
-           "SerialLink", "cdc_ports", "locate_port", "read_board", "reboot_to_bootsel"]
+           "SerialLink", "read_board"]

@@ -15,9 +15,8 @@ Guarantees:
 - a record is reported only when its frame passed the CRC check (and its payload parsed);
 - the records and `DecodeStats` do not depend on how the stream was split into chunks.
 
-The module also holds a reference encoder (`encode_record`, the `*_payload` builders and
-`StreamEncoder`). It is used by the tests, by fake runners in pipeline tests, and to check the
-firmware encoder (`firmware/protocol/dk_protocol.c`) byte for byte.
+The reference encoder the tests feed it with is test code (`tests/protocol_encoder.py`); the
+firmware's encoder is `firmware/protocol/dk_protocol.c`.
 """
 
 from __future__ import annotations
@@ -26,214 +25,41 @@ import math
 import struct
 import zlib
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import IntEnum
-from typing import ClassVar
 
 import numpy as np
 
-from deploykit.errors import ExitCode, RunError
-
-MAGIC = b"\xa5DK"
-VERSION = 1
-HEADER_SIZE = 12
-CRC_SIZE = 4
-MAX_PAYLOAD = 65536
-SEQ_MODULO = 65536
-UINT64_MAX = 0xFFFF_FFFF_FFFF_FFFF
-DEFAULT_MAX_TENSOR_BYTES = 64 * 1024 * 1024
-
-_HEADER = struct.Struct("<3sBBBHI")  # magic, version, type, flags, seq, length
-_TENSOR_HEAD = struct.Struct("<HBB")  # index, dtype, ndim
-_TENSOR_TAIL = struct.Struct("<fiII")  # scale, zero_point, total_nbytes, offset
-_TIMING = struct.Struct("<QIIQ")
-_DONE = struct.Struct("<II")
-_FAULT = struct.Struct("<13I")
-
-
-class RecordType(IntEnum):
-    HELLO = 1
-    TENSOR = 2
-    TIMING = 3
-    MEMORY = 4
-    ERROR = 5
-    FAULT = 6
-    DONE = 7
-    LOG = 8
-
-
-class DoneStatus(IntEnum):
-    OK = 0
-    EXECUTORCH_ERROR = 1
-    FAULT = 2
-    POOL_TOO_SMALL = 3
-
-
-# ExecuTorch ScalarType code -> little-endian numpy dtype (the codes docs/protocol.md lists).
-SCALAR_TYPES: dict[int, np.dtype] = {
-    0: np.dtype("u1"),
-    1: np.dtype("i1"),
-    2: np.dtype("<i2"),
-    3: np.dtype("<i4"),
-    4: np.dtype("<i8"),
-    6: np.dtype("<f4"),
-    7: np.dtype("<f8"),
-    11: np.dtype("?"),
-}
-SCALAR_TYPE_NAMES: dict[int, str] = {
-    0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 6: "float32", 7: "float64",
-    11: "bool",
-}
-
-FAULT_REGISTERS: tuple[str, ...] = (
-    "r0", "r1", "r2", "r3", "r12", "lr", "pc", "xpsr",
-    "cfsr", "hfsr", "mmfar", "bfar", "exc_return",
+from deploykit.protocol.outcome import Outcome, classify
+from deploykit.protocol.records import (
+    CRC_SIZE,
+    DEFAULT_MAX_TENSOR_BYTES,
+    DONE_STRUCT,
+    FAULT_REGISTERS,
+    FAULT_STRUCT,
+    HEADER_SIZE,
+    HEADER_STRUCT,
+    MAGIC,
+    MAX_PAYLOAD,
+    SCALAR_TYPE_NAMES,
+    SCALAR_TYPES,
+    SEQ_MODULO,
+    TENSOR_HEAD_STRUCT,
+    TENSOR_TAIL_STRUCT,
+    TIMING_STRUCT,
+    UINT64_MAX,
+    VERSION,
+    DeviceError,
+    Done,
+    Fault,
+    Hello,
+    Log,
+    Memory,
+    Record,
+    RecordType,
+    Tensor,
+    Timing,
 )
-
-# Configurable Fault Status Register bits (ARMv7-M / ARMv8-M): MMFSR, BFSR, UFSR.
-CFSR_BITS: dict[int, str] = {
-    0: "IACCVIOL", 1: "DACCVIOL", 3: "MUNSTKERR", 4: "MSTKERR", 5: "MLSPERR", 7: "MMARVALID",
-    8: "IBUSERR", 9: "PRECISERR", 10: "IMPRECISERR", 11: "UNSTKERR", 12: "STKERR",
-    13: "LSPERR", 15: "BFARVALID",
-    16: "UNDEFINSTR", 17: "INVSTATE", 18: "INVPC", 19: "NOCP", 20: "STKOF",
-    24: "UNALIGNED", 25: "DIVBYZERO",
-}
-HFSR_BITS: dict[int, str] = {1: "VECTTBL", 30: "FORCED", 31: "DEBUGEVT"}
-
-
-def _flags(value: int, bits: Mapping[int, str]) -> list[str]:
-    return [name for bit, name in sorted(bits.items()) if value >> bit & 1]
-
-
-# --------------------------------------------------------------------------------------------
-# Records
-# --------------------------------------------------------------------------------------------
-
-@dataclass
-class Hello:
-    TYPE: ClassVar[RecordType] = RecordType.HELLO
-    fields: dict[str, str]
-    seq: int = field(default=-1, compare=False)
-
-    @property
-    def board(self) -> str | None:
-        return self.fields.get("board")
-
-    @property
-    def firmware(self) -> str | None:
-        return self.fields.get("firmware")
-
-
-@dataclass(eq=False)
-class Tensor:
-    """One output tensor, reassembled from all its chunks. `dtype` is the ScalarType code."""
-
-    TYPE: ClassVar[RecordType] = RecordType.TENSOR
-    index: int
-    dtype: int
-    sizes: tuple[int, ...]
-    scale: float
-    zero_point: int
-    data: np.ndarray
-    seq: int = -1  # seq of the chunk that completed the tensor; not compared
-
-    @property
-    def dtype_name(self) -> str:
-        return SCALAR_TYPE_NAMES.get(self.dtype, f"scalar_type_{self.dtype}")
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Tensor):
-            return NotImplemented
-        return (
-            self.index == other.index and self.dtype == other.dtype
-            and tuple(self.sizes) == tuple(other.sizes)
-            and struct.pack("<f", self.scale) == struct.pack("<f", other.scale)
-            and self.zero_point == other.zero_point
-            and self.data.dtype == other.data.dtype and self.data.shape == other.data.shape
-            and self.data.tobytes() == other.data.tobytes()
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-@dataclass
-class Timing:
-    TYPE: ClassVar[RecordType] = RecordType.TIMING
-    ticks: int
-    tick_hz: int
-    iterations: int
-    instructions: int | None  # None when the device sent UINT64_MAX (unknown)
-    seq: int = field(default=-1, compare=False)
-
-    @property
-    def seconds(self) -> float | None:
-        return self.ticks / self.tick_hz if self.tick_hz else None
-
-    @property
-    def ticks_per_iteration(self) -> float | None:
-        return self.ticks / self.iterations if self.iterations else None
-
-
-@dataclass
-class Memory:
-    TYPE: ClassVar[RecordType] = RecordType.MEMORY
-    entries: dict[str, tuple[int, int]]  # name -> (used high-water mark, capacity)
-    seq: int = field(default=-1, compare=False)
-
-
-@dataclass
-class DeviceError:
-    TYPE: ClassVar[RecordType] = RecordType.ERROR
-    code: int
-    message: str
-    seq: int = field(default=-1, compare=False)
-
-
-@dataclass
-class Fault:
-    TYPE: ClassVar[RecordType] = RecordType.FAULT
-    registers: dict[str, int]  # FAULT_REGISTERS -> value
-    seq: int = field(default=-1, compare=False)
-
-    @property
-    def cfsr_flags(self) -> list[str]:
-        return _flags(self.registers.get("cfsr", 0), CFSR_BITS)
-
-    @property
-    def hfsr_flags(self) -> list[str]:
-        return _flags(self.registers.get("hfsr", 0), HFSR_BITS)
-
-    def describe(self) -> str:
-        r = self.registers
-        parts = [f"pc=0x{r.get('pc', 0):08x} lr=0x{r.get('lr', 0):08x}"]
-        flags = self.cfsr_flags
-        parts.append(f"CFSR=0x{r.get('cfsr', 0):08x} [{', '.join(flags) or 'no flags'}]")
-        parts.append(f"HFSR=0x{r.get('hfsr', 0):08x} [{', '.join(self.hfsr_flags) or 'no flags'}]")
-        if "MMARVALID" in flags:
-            parts.append(f"MMFAR=0x{r.get('mmfar', 0):08x}")
-        if "BFARVALID" in flags:
-            parts.append(f"BFAR=0x{r.get('bfar', 0):08x}")
-        return ", ".join(parts)
-
-
-@dataclass
-class Done:
-    TYPE: ClassVar[RecordType] = RecordType.DONE
-    status: int
-    records: int  # records the device sent before this one
-    seq: int = field(default=-1, compare=False)
-
-
-@dataclass
-class Log:
-    TYPE: ClassVar[RecordType] = RecordType.LOG
-    text: str
-    seq: int = field(default=-1, compare=False)
-
-
-Record = Hello | Tensor | Timing | Memory | DeviceError | Fault | Done | Log
-
 
 # --------------------------------------------------------------------------------------------
 # Statistics
@@ -400,7 +226,7 @@ class Decoder:
             return _BAD, "bad_version"
         if avail < HEADER_SIZE:
             return _INCOMPLETE, None
-        _, _version, rtype, flags, seq, length = _HEADER.unpack_from(buf, j)
+        _, _version, rtype, flags, seq, length = HEADER_STRUCT.unpack_from(buf, j)
         if length > MAX_PAYLOAD:
             return _BAD, "bad_length"
         end = j + HEADER_SIZE + length + CRC_SIZE
@@ -560,8 +386,8 @@ class Decoder:
             t = self._tensor_chunk(seq, p)
             return [t] if t is not None else []
         if rtype == RecordType.TIMING:
-            _exact(p, _TIMING.size, "timing")
-            ticks, hz, iterations, instructions = _TIMING.unpack(p)
+            _exact(p, TIMING_STRUCT.size, "timing")
+            ticks, hz, iterations, instructions = TIMING_STRUCT.unpack(p)
             return [Timing(ticks, hz, iterations,
                            None if instructions == UINT64_MAX else instructions, seq=seq)]
         if rtype == RecordType.MEMORY:
@@ -582,11 +408,11 @@ class Decoder:
             (code,) = struct.unpack_from("<I", p)
             return [DeviceError(code, p[4:].decode("utf-8", errors="replace"), seq=seq)]
         if rtype == RecordType.FAULT:
-            _exact(p, _FAULT.size, "fault")
-            return [Fault(dict(zip(FAULT_REGISTERS, _FAULT.unpack(p), strict=True)), seq=seq)]
+            _exact(p, FAULT_STRUCT.size, "fault")
+            return [Fault(dict(zip(FAULT_REGISTERS, FAULT_STRUCT.unpack(p), strict=True)), seq=seq)]
         if rtype == RecordType.DONE:
-            _exact(p, _DONE.size, "done")
-            status, count = _DONE.unpack(p)
+            _exact(p, DONE_STRUCT.size, "done")
+            status, count = DONE_STRUCT.unpack(p)
             return [Done(status, count, seq=seq)]
         if rtype == RecordType.LOG:
             return [Log(p.decode("utf-8", errors="replace"), seq=seq)]
@@ -596,13 +422,13 @@ class Decoder:
         return []
 
     def _tensor_chunk(self, seq: int, p: bytes) -> Tensor | None:
-        index, dtype_code, ndim = _TENSOR_HEAD.unpack_from(p)
-        off = _TENSOR_HEAD.size
+        index, dtype_code, ndim = TENSOR_HEAD_STRUCT.unpack_from(p)
+        off = TENSOR_HEAD_STRUCT.size
         sizes = struct.unpack_from(f"<{ndim}I", p, off)
         off += 4 * ndim
-        scale, zero_point, total, offset = _TENSOR_TAIL.unpack_from(p, off)
+        scale, zero_point, total, offset = TENSOR_TAIL_STRUCT.unpack_from(p, off)
         scale_raw = p[off:off + 4]
-        off += _TENSOR_TAIL.size
+        off += TENSOR_TAIL_STRUCT.size
         chunk = p[off:]
         dt = SCALAR_TYPES.get(dtype_code)
         if dt is None:
@@ -655,22 +481,8 @@ def _exact(p: bytes, size: int, name: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Run summary and outcome
+# Run summary
 # --------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Outcome:
-    exit_code: ExitCode
-    cause: str
-    hint: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == ExitCode.OK
-
-    def to_error(self, log_path: str | None = None) -> RunError:
-        return RunError(self.cause, self.hint, exit_code=self.exit_code, log_path=log_path)
-
 
 @dataclass
 class RunRecords:
@@ -748,58 +560,8 @@ class RunRecords:
         return "; ".join(parts)
 
     def outcome(self, *, timed_out: bool = False, how: str | None = None) -> Outcome:
-        """Classify the run from the records alone (runners add exit-code checks on top).
-
-        Order: nothing valid -> NO_BOOT (PROTOCOL if frames were seen but none was valid);
-        fault -> FAULT; error record or done.status != 0 -> DEVICE_ERROR; no done ->
-        TIMEOUT (the host gave up) or PROTOCOL (the stream ended); any decode problem ->
-        PROTOCOL. `how` says how the run ended, e.g. "QEMU exited with code 1".
-        """
-        s = self.stats
-        how = how or ("the host timed out" if timed_out else "the output ended")
-        if not self.records:
-            if s.frames_accepted or s.corrupted_frames:
-                why = (f"{s.corrupted_frames} corrupted frame(s)" if s.corrupted_frames
-                       else "; ".join(s.problems()))
-                return Outcome(ExitCode.PROTOCOL, f"No valid record decoded ({why}; {how}).",
-                               "Line noise, a wrong baud rate or a protocol version mismatch.")
-            tail = s.noise_tail[-200:].decode("utf-8", errors="replace").strip()
-            console = (f" The console printed {s.noise_bytes} byte(s), ending: {tail!r}."
-                       if s.noise_bytes else " The console printed nothing.")
-            return Outcome(ExitCode.NO_BOOT, f"No record from the device ({how}).{console}",
-                           "Check that the firmware boots and that its console is the "
-                           "board's UART.")
-        if self.fault is not None:
-            return Outcome(ExitCode.FAULT, f"The device faulted: {self.fault.describe()}.",
-                           "Look up pc in the ELF: arm-none-eabi-addr2line -e <elf> <pc>.")
-        if self.errors or (self.done is not None and self.done.status != 0):
-            msgs = "; ".join(f"code {e.code}: {e.message}" for e in self.errors[:3])
-            status = f"done status {self.done.status}" if self.done else "no done"
-            if self.done is not None and self.done.status == DoneStatus.POOL_TOO_SMALL:
-                hint = "A memory pool is too small; enlarge it in the memory plan."
-            elif self.done is not None and self.done.status == DoneStatus.FAULT:
-                hint = "done reports a fault but no fault record arrived."
-            else:
-                hint = "See the device's error records."
-            return Outcome(ExitCode.DEVICE_ERROR,
-                           f"The device reported an error ({status}"
-                           + (f"; {msgs}" if msgs else "") + ").", hint)
-        if self.done is None:
-            if timed_out:
-                return Outcome(ExitCode.TIMEOUT,
-                               f"Timed out without a done record ({how}). "
-                               f"Received so far: {self.summary()}.",
-                               "The firmware hangs, or needs a longer timeout.")
-            return Outcome(ExitCode.PROTOCOL,
-                           f"The output ended without a done record ({how}). "
-                           f"Received: {self.summary()}.",
-                           "The firmware stopped or reset before finishing.")
-        problems = s.problems()
-        if problems:
-            return Outcome(ExitCode.PROTOCOL,
-                           "The result stream is not trustworthy: " + "; ".join(problems) + ".",
-                           "Details: " + "; ".join(s.notes[:3]) + "." if s.notes else "")
-        return Outcome(ExitCode.OK, "done, status 0")
+        """Classify the run from its records alone (`deploykit.protocol.outcome.classify`)."""
+        return classify(self, timed_out=timed_out, how=how)
 
 
 def decode(data: bytes | bytearray | memoryview) -> RunRecords:
@@ -808,114 +570,3 @@ def decode(data: bytes | bytearray | memoryview) -> RunRecords:
     dec.feed(data)
     dec.finish()
     return RunRecords.build(dec.records, dec.stats)
-
-
-# --------------------------------------------------------------------------------------------
-# Reference encoder
-# --------------------------------------------------------------------------------------------
-
-DTYPE_CODES: dict[np.dtype, int] = {dt.newbyteorder("<"): code
-                                    for code, dt in SCALAR_TYPES.items()}
-
-
-def encode_record(rtype: int, seq: int, payload: bytes, *, version: int = VERSION,
-                  flags: int = 0) -> bytes:
-    """One frame: magic, header, payload, CRC-32 of version..payload."""
-    body = struct.pack("<BBBHI", version, int(rtype), flags, seq % SEQ_MODULO,
-                       len(payload)) + bytes(payload)
-    return MAGIC + body + struct.pack("<I", zlib.crc32(body))
-
-
-def hello_payload(fields: Mapping[str, str]) -> bytes:
-    return "\n".join(f"{k}={v}" for k, v in fields.items()).encode("utf-8")
-
-
-def tensor_payloads(index: int, array: np.ndarray, *, scale: float = 0.0, zero_point: int = 0,
-                    chunk_size: int | None = None) -> list[bytes]:
-    """The chunk payloads of one output tensor, in order (`chunk_size` data bytes each)."""
-    arr = np.asarray(array)  # (not ascontiguousarray: it turns a 0-d array into 1-d)
-    code = DTYPE_CODES[arr.dtype.newbyteorder("<")]
-    raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes(order="C")
-    head = (_TENSOR_HEAD.pack(index, code, arr.ndim)
-            + struct.pack(f"<{arr.ndim}I", *arr.shape))
-    max_chunk = MAX_PAYLOAD - len(head) - _TENSOR_TAIL.size
-    step = max_chunk if chunk_size is None else max(1, min(chunk_size, max_chunk))
-    offsets = range(0, len(raw), step) if raw else [0]
-    return [head + _TENSOR_TAIL.pack(scale, zero_point, len(raw), off) + raw[off:off + step]
-            for off in offsets]
-
-
-def timing_payload(ticks: int, tick_hz: int, iterations: int,
-                   instructions: int | None = None) -> bytes:
-    return _TIMING.pack(ticks, tick_hz, iterations,
-                        UINT64_MAX if instructions is None else instructions)
-
-
-def memory_payload(entries: Mapping[str, tuple[int, int]]) -> bytes:
-    out = bytearray()
-    for name, (used, capacity) in entries.items():
-        raw = name.encode("ascii")
-        out += bytes([len(raw)]) + raw + struct.pack("<II", used, capacity)
-    return bytes(out)
-
-
-def error_payload(code: int, message: str) -> bytes:
-    return struct.pack("<I", code) + message.encode("utf-8")
-
-
-def fault_payload(registers: Mapping[str, int] | Sequence[int]) -> bytes:
-    if isinstance(registers, Mapping):
-        values = [registers.get(name, 0) for name in FAULT_REGISTERS]
-    else:
-        values = list(registers)
-    return _FAULT.pack(*values)
-
-
-def done_payload(status: int, records: int) -> bytes:
-    return _DONE.pack(status, records)
-
-
-def log_payload(text: str) -> bytes:
-    return text.encode("utf-8")
-
-
-class StreamEncoder:
-    """Encodes a device's record stream, numbering seq and counting records like firmware."""
-
-    def __init__(self, start_seq: int = 0) -> None:
-        self.seq = start_seq
-        self.count = 0
-
-    def frame(self, rtype: int, payload: bytes) -> bytes:
-        out = encode_record(rtype, self.seq, payload)
-        self.seq = (self.seq + 1) % SEQ_MODULO
-        self.count += 1
-        return out
-
-    def hello(self, **fields: str) -> bytes:
-        return self.frame(RecordType.HELLO, hello_payload(fields))
-
-    def tensor(self, index: int, array: np.ndarray, *, scale: float = 0.0, zero_point: int = 0,
-               chunk_size: int | None = None) -> bytes:
-        return b"".join(self.frame(RecordType.TENSOR, p) for p in tensor_payloads(
-            index, array, scale=scale, zero_point=zero_point, chunk_size=chunk_size))
-
-    def timing(self, ticks: int, tick_hz: int, iterations: int,
-               instructions: int | None = None) -> bytes:
-        return self.frame(RecordType.TIMING,
-                          timing_payload(ticks, tick_hz, iterations, instructions))
-
-    def memory(self, entries: Mapping[str, tuple[int, int]]) -> bytes:
-        return self.frame(RecordType.MEMORY, memory_payload(entries))
-
-    def error(self, code: int, message: str) -> bytes:
-        return self.frame(RecordType.ERROR, error_payload(code, message))
-
-    def fault(self, registers: Mapping[str, int] | Sequence[int]) -> bytes:
-        return self.frame(RecordType.FAULT, fault_payload(registers))
-
-    def log(self, text: str) -> bytes:
-        return self.frame(RecordType.LOG, log_payload(text))
-
-    def done(self, status: int = 0) -> bytes:
-        return self.frame(RecordType.DONE, done_payload(status, self.count))

@@ -1,0 +1,136 @@
+"""Reference encoder for the deploykit result protocol, version 1 (docs/protocol.md).
+
+The tests round-trip records through it into the decoder (`deploykit.protocol`) and use it to
+stand in for a device: stand-in ELFs under QEMU, a stand-in FVP. It lives with the tests because
+deploykit itself never sends records; the firmware's encoder is `firmware/protocol/dk_protocol.c`.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from deploykit.protocol.records import (
+    DONE_STRUCT,
+    FAULT_REGISTERS,
+    FAULT_STRUCT,
+    MAGIC,
+    MAX_PAYLOAD,
+    SCALAR_TYPES,
+    SEQ_MODULO,
+    TENSOR_HEAD_STRUCT,
+    TENSOR_TAIL_STRUCT,
+    TIMING_STRUCT,
+    UINT64_MAX,
+    VERSION,
+    RecordType,
+)
+
+DTYPE_CODES: dict[np.dtype, int] = {dt.newbyteorder("<"): code
+                                    for code, dt in SCALAR_TYPES.items()}
+
+
+def encode_record(rtype: int, seq: int, payload: bytes, *, version: int = VERSION,
+                  flags: int = 0) -> bytes:
+    """One frame: magic, header, payload, CRC-32 of version..payload."""
+    body = struct.pack("<BBBHI", version, int(rtype), flags, seq % SEQ_MODULO,
+                       len(payload)) + bytes(payload)
+    return MAGIC + body + struct.pack("<I", zlib.crc32(body))
+
+
+def hello_payload(fields: Mapping[str, str]) -> bytes:
+    return "\n".join(f"{k}={v}" for k, v in fields.items()).encode("utf-8")
+
+
+def tensor_payloads(index: int, array: np.ndarray, *, scale: float = 0.0, zero_point: int = 0,
+                    chunk_size: int | None = None) -> list[bytes]:
+    """The chunk payloads of one output tensor, in order (`chunk_size` data bytes each)."""
+    arr = np.asarray(array)  # (not ascontiguousarray: it turns a 0-d array into 1-d)
+    code = DTYPE_CODES[arr.dtype.newbyteorder("<")]
+    raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes(order="C")
+    head = (TENSOR_HEAD_STRUCT.pack(index, code, arr.ndim)
+            + struct.pack(f"<{arr.ndim}I", *arr.shape))
+    max_chunk = MAX_PAYLOAD - len(head) - TENSOR_TAIL_STRUCT.size
+    step = max_chunk if chunk_size is None else max(1, min(chunk_size, max_chunk))
+    offsets = range(0, len(raw), step) if raw else [0]
+    return [head + TENSOR_TAIL_STRUCT.pack(scale, zero_point, len(raw), off) + raw[off:off + step]
+            for off in offsets]
+
+
+def timing_payload(ticks: int, tick_hz: int, iterations: int,
+                   instructions: int | None = None) -> bytes:
+    return TIMING_STRUCT.pack(ticks, tick_hz, iterations,
+                        UINT64_MAX if instructions is None else instructions)
+
+
+def memory_payload(entries: Mapping[str, tuple[int, int]]) -> bytes:
+    out = bytearray()
+    for name, (used, capacity) in entries.items():
+        raw = name.encode("ascii")
+        out += bytes([len(raw)]) + raw + struct.pack("<II", used, capacity)
+    return bytes(out)
+
+
+def error_payload(code: int, message: str) -> bytes:
+    return struct.pack("<I", code) + message.encode("utf-8")
+
+
+def fault_payload(registers: Mapping[str, int] | Sequence[int]) -> bytes:
+    if isinstance(registers, Mapping):
+        values = [registers.get(name, 0) for name in FAULT_REGISTERS]
+    else:
+        values = list(registers)
+    return FAULT_STRUCT.pack(*values)
+
+
+def done_payload(status: int, records: int) -> bytes:
+    return DONE_STRUCT.pack(status, records)
+
+
+def log_payload(text: str) -> bytes:
+    return text.encode("utf-8")
+
+
+class StreamEncoder:
+    """Encodes a device's record stream, numbering seq and counting records like firmware."""
+
+    def __init__(self, start_seq: int = 0) -> None:
+        self.seq = start_seq
+        self.count = 0
+
+    def frame(self, rtype: int, payload: bytes) -> bytes:
+        out = encode_record(rtype, self.seq, payload)
+        self.seq = (self.seq + 1) % SEQ_MODULO
+        self.count += 1
+        return out
+
+    def hello(self, **fields: str) -> bytes:
+        return self.frame(RecordType.HELLO, hello_payload(fields))
+
+    def tensor(self, index: int, array: np.ndarray, *, scale: float = 0.0, zero_point: int = 0,
+               chunk_size: int | None = None) -> bytes:
+        return b"".join(self.frame(RecordType.TENSOR, p) for p in tensor_payloads(
+            index, array, scale=scale, zero_point=zero_point, chunk_size=chunk_size))
+
+    def timing(self, ticks: int, tick_hz: int, iterations: int,
+               instructions: int | None = None) -> bytes:
+        return self.frame(RecordType.TIMING,
+                          timing_payload(ticks, tick_hz, iterations, instructions))
+
+    def memory(self, entries: Mapping[str, tuple[int, int]]) -> bytes:
+        return self.frame(RecordType.MEMORY, memory_payload(entries))
+
+    def error(self, code: int, message: str) -> bytes:
+        return self.frame(RecordType.ERROR, error_payload(code, message))
+
+    def fault(self, registers: Mapping[str, int] | Sequence[int]) -> bytes:
+        return self.frame(RecordType.FAULT, fault_payload(registers))
+
+    def log(self, text: str) -> bytes:
+        return self.frame(RecordType.LOG, log_payload(text))
+
+    def done(self, status: int = 0) -> bytes:
+        return self.frame(RecordType.DONE, done_payload(status, self.count))

@@ -1,0 +1,88 @@
+"""What every flow shares: timed, named steps and tensor helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, DeployKitError, ExportError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .base import QuantParams
+
+
+def parse_cpu(cpu: str) -> tuple[str, str | None]:
+    """Split a board CPU string into (cortex_m target string, ISA override or None).
+
+    "cortex-m55" -> ("cortex-m55", None); "cortex-m55+nomve" -> ("cortex-m55", "DSP");
+    "cortex-m33+nodsp" -> ("cortex-m33", "SCALAR"); "+nofp" etc. are ignored here.
+    """
+    base, *exts = cpu.strip().lower().split("+")
+    if not base.startswith("cortex-m") or len(base) <= len("cortex-m"):
+        raise ConfigError(f"CPU '{cpu}' is not a Cortex-M CPU.",
+                          "Use a GCC-style name such as cortex-m55, cortex-m33 or "
+                          "cortex-m33+nofp.")
+    isa = None
+    if any(e.startswith("nodsp") for e in exts):
+        isa = "SCALAR"
+    elif any(e.startswith("nomve") for e in exts):
+        isa = "DSP"
+    return base, isa
+
+
+class Stages:
+    """Times named steps and turns their exceptions into ExportError naming the step."""
+
+    def __init__(self, flow: str, model: str) -> None:
+        self.flow = flow
+        self.model = model
+        self.timings: dict[str, float] = {}
+        self.failed_traceback: str | None = None
+
+    @contextlib.contextmanager
+    def step(self, name: str, hint: str = "") -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        except DeployKitError:
+            raise
+        except Exception as e:
+            self.failed_traceback = traceback.format_exc()
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise ExportError(
+                f"{self.flow} export of '{self.model}' failed in {name}: "
+                f"{type(e).__name__}: {msg}",
+                hint or "The model may use an operator or pattern this flow does not support; "
+                "see the log for the full traceback.") from e
+        finally:
+            self.timings[name] = round(time.perf_counter() - t0, 3)
+
+
+def flatten_tensors(out: Any) -> list[Any]:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in flatten_tensors(o)]
+    raise TypeError(f"model output contains {type(out).__name__}; only tensors are supported")
+
+
+def to_numpy(t: Any) -> np.ndarray:
+    return t.detach().contiguous().cpu().numpy().copy()
+
+
+def max_abs_diff(a: list[np.ndarray], b: list[np.ndarray]) -> list[float]:
+    import numpy as np
+
+    return [float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))) if x.size else 0.0
+            for x, y in zip(a, b, strict=True)]
+
+
+def in_steps(diffs: list[float], quant: list[QuantParams | None]) -> list[float | None]:
+    return [d / q.scale if q else None for d, q in zip(diffs, quant, strict=True)]

@@ -1,0 +1,264 @@
+"""cortex_m_int8: int8 on the CMSIS-NN kernels of ExecuTorch's Cortex-M backend.
+
+``CortexMQuantizer`` + PT2E ``prepare_pt2e`` / calibrate / ``convert_pt2e`` (flows/pt2e.py) ->
+torch.export -> ``to_edge_transform_and_lower`` with the Cortex-M edge config of
+``backends/cortex_m/test/tester.py`` -> ``CortexMPassManager`` for the board CPU
+(``CortexMTargetConfig``: MVE/DSP/scalar CMSIS-NN paths take differently laid-out constants,
+so the ``.pte`` is CPU-specific) -> ``to_executorch``. 4-D float inputs are made channels-last
+(the CMSIS-NN kernels are NHWC), so such an input's bytes are NHWC on the device: see
+``input_dim_orders`` / ``export.memory_order_bytes``. The ``.pte`` cannot run on the host (no
+``cortex_m::`` kernels there), so the reference is the lowered graph run through the
+cortex_m ops' Python reference code (integer arithmetic modelled on CMSIS-NN), else the
+converted PT2E model run in PyTorch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+from .base import ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
+from .common import flatten_tensors, in_steps, max_abs_diff, parse_cpu, to_numpy
+from .pt2e import dequantize, io_quant, quantize, quantize_pt2e
+
+if TYPE_CHECKING:
+    from ..models import ModelSpec
+    from ..pte_reader import PteInfo
+    from .common import Stages
+
+# The cortex_m ops' own Python reference (integer arithmetic modelled on CMSIS-NN) run on the
+# lowered graph: what the device computes, where PT2E's float simulation drifts by rounding.
+CORTEX_M_REFERENCE_KIND = "cortex_m-integer-reference"
+
+
+class CortexMInt8(Flow):
+    name = "cortex_m_int8"
+    summary = "int8 on CMSIS-NN through ExecuTorch's cortex_m backend (any Cortex-M)"
+    quantization = "int8 PT2E with CortexMQuantizer (per-tensor activations)"
+    lowering = ("to_edge_transform_and_lower + CortexMPassManager for the board CPU's "
+                "CMSIS-NN path (MVE, DSP or scalar)")
+    host_reference = ("the lowered graph through the cortex_m ops' integer reference "
+                      "(CMSIS-NN semantics), else the quantized PT2E model")
+    quantized = True
+    fallback_reference_kind = "pt2e-quantized-torch"
+
+    def validate(self, target: ExportTarget) -> None:
+        super().validate(target)
+        _target_config(target.cpu)
+
+    def lower(self, spec: ModelSpec, stages: Stages, target: ExportTarget,
+              options: ExportOptions) -> FlowResult:
+        st = stages
+        with st.step("import torch/executorch"):
+            import torch
+            from executorch.backends.cortex_m.passes.cortex_m_pass_manager import (
+                CortexMPassManager,
+            )
+            from executorch.backends.cortex_m.quantizer.quantizer import CortexMQuantizer
+            from executorch.exir import to_edge_transform_and_lower
+
+        cpu_target = _target_config(target.cpu)
+
+        def nhwc(t: torch.Tensor) -> torch.Tensor:
+            t = t.clone()
+            if t.dim() == 4 and t.is_floating_point():
+                return t.to(memory_format=torch.channels_last)
+            return t
+
+        inputs = tuple(nhwc(t) for t in spec.example_inputs)
+        calibration = [tuple(nhwc(t) for t in sample) for sample in spec.calibration_inputs]
+
+        converted, reference, eager = quantize_pt2e(spec, st, inputs, calibration,
+                                                    CortexMQuantizer())
+        with st.step("torch.export (quantized)"):
+            qep = torch.export.export(converted, inputs)
+        with st.step("to_edge_transform_and_lower"):
+            edge = to_edge_transform_and_lower(qep,
+                                               compile_config=_cortex_m_edge_compile_config())
+        with st.step("CortexMPassManager"):
+            lowered = CortexMPassManager(edge.exported_program(),
+                                         target_config=cpu_target).transform()
+            # Upstream (tester.py, aot_arm_compiler.py) swaps the program in the same way.
+            edge._edge_programs["forward"] = lowered
+            input_quant, output_quant = io_quant(lowered)
+        with st.step("cortex_m dialect check"):
+            # Before to_executorch, which rewrites the graph in place to out-variants.
+            dialect_check, integer_model, integer_out = _dialect_check(
+                lowered, inputs, reference, output_quant)
+        pt2e_reference = reference
+        if integer_out is not None:
+            # The device is compared with the integer semantics CMSIS-NN implements, as the
+            # Ethos-U flow uses the TOSA reference model; the PT2E difference stays in the
+            # report.
+            reference = integer_out
+        int8_inputs: list[bool] = [False] * len(inputs)
+        int8_outputs: list[bool] = [False] * len(reference)
+        if options.int8_io:
+            with st.step("int8 model I/O"):
+                # The program's outputs are int8 now; output_quant keeps the parameters the
+                # host dequantizes them with before comparing (device outputs are shown and
+                # compared as floats, as with float I/O).
+                int8_inputs, int8_outputs = _make_int8_io(lowered)
+        with st.step("to_executorch"):
+            pte = bytes(edge.to_executorch(options.backend_config()).buffer)
+
+        def to_device(xs: tuple[Any, ...]) -> tuple[Any, ...]:
+            """Inputs as the program takes them: int8 where it starts with a quantize, made
+            with the same op and parameters as the quantized model's own first step."""
+            return tuple(quantize(t, q) if int8 and q else t
+                         for t, int8, q in zip(xs, int8_inputs, input_quant, strict=True))
+
+        def to_float(xs: tuple[Any, ...]) -> tuple[Any, ...]:
+            return tuple(dequantize(t, q) if int8 and q else t
+                         for t, int8, q in zip(xs, int8_inputs, input_quant, strict=True))
+
+        def reference_fn(xs: tuple[Any, ...]) -> list[Any]:
+            # int8 inputs: their dequantized values quantize back to exactly the same integers
+            # in the model's first step, so the reference is that of the float input.
+            model = integer_model if integer_model is not None else converted
+            with torch.no_grad():
+                return flatten_tensors(model(*[t.clone() for t in to_float(xs)]))
+
+        warnings = []
+        if dialect_check.get("ran") and not dialect_check.get("bit_exact"):
+            warnings.append(
+                "The cortex_m ops' integer reference (reference.npz, what the device is "
+                "compared with) differs from the PT2E float simulation by "
+                f"{dialect_check['max_diff_output_steps']} output steps (pt2e_output_* in "
+                "reference.npz).")
+        return FlowResult(
+            pte=pte, inputs=to_device(inputs), reference=reference, eager=eager,
+            input_quant=input_quant, output_quant=output_quant,
+            reference_kind=CORTEX_M_REFERENCE_KIND if integer_out is not None
+            else self.fallback_reference_kind,
+            reference_fn=reference_fn,
+            prepare_inputs=lambda xs: to_device(tuple(nhwc(t) for t in xs)),
+            pt2e_reference=pt2e_reference,
+            report={"cortex_m_target": {
+                "cpu": cpu_target.target_string, "cmsis_nn_backend": cpu_target.backend.name,
+                **({"int8_inputs": int8_inputs, "int8_outputs": int8_outputs}
+                   if options.int8_io else {})}},
+            reference_report={"cortex_m_dialect_check": dialect_check},
+            warnings=warnings)
+
+    def check_program(self, model: str, op_list: list[str], info: PteInfo,
+                      options: ExportOptions) -> list[str]:
+        warn = []
+        rest = [o for o in op_list if not o.startswith("cortex_m::")]
+        if rest:
+            warn.append("Not all operators were lowered to cortex_m; these run as portable "
+                        f"kernels (the firmware must include them): {', '.join(rest)}.")
+        if not any(o.startswith("cortex_m::quantized_") for o in op_list):
+            warn.append("No cortex_m::quantized_* operator: nothing runs in int8 CMSIS-NN "
+                        "kernels. Check that the model uses supported layers.")
+        return warn
+
+    def program_report(self, op_list: list[str]) -> dict[str, Any]:
+        return {"non_cortex_m_ops": [o for o in op_list if not o.startswith("cortex_m::")]}
+
+
+def _target_config(cpu: str) -> Any:
+    from executorch.backends.cortex_m.library import cmsis_nn
+    from executorch.backends.cortex_m.target_config import CortexM, CortexMTargetConfig
+
+    base, isa = parse_cpu(cpu)
+    try:
+        cfg = CortexMTargetConfig.from_target_string(base)
+        if isa is not None:
+            cfg = CortexMTargetConfig(cpu=cfg.cpu, isa=getattr(cmsis_nn.Backend, isa))
+        _ = cfg.backend  # resolves through cmsis_nn; fails for CPUs it does not know
+    except ValueError as e:
+        supported = ", ".join("cortex-m" + m.name[1:].lower() for m in CortexM)
+        raise ConfigError(f"CPU '{cpu}' is not supported by the ExecuTorch Cortex-M backend: "
+                          f"{e}", f"Supported: {supported}.") from e
+    return cfg
+
+
+def _cortex_m_edge_compile_config() -> Any:
+    """The EdgeCompileConfig of backends/cortex_m/test/tester.py (CortexMToEdge) at v1.4.1."""
+    import torch
+    from executorch.exir import EdgeCompileConfig
+
+    return EdgeCompileConfig(
+        preserve_ops=[
+            torch.ops.aten.linear.default,
+            torch.ops.aten.hardsigmoid.default,
+            torch.ops.aten.hardsigmoid_.default,
+            torch.ops.aten.hardswish.default,
+            torch.ops.aten.hardswish_.default,
+            torch.ops.aten.silu.default,
+        ],
+        _check_ir_validity=False,
+        _core_aten_ops_exception_list=[torch.ops.aten.max_pool2d.default],
+    )
+
+
+def _make_int8_io(ep: Any) -> tuple[list[bool], list[bool]]:
+    """Make a lowered cortex_m program take int8 inputs and return int8 outputs where a user
+    input's only use is a cortex_m quantize, and a user output is a cortex_m dequantize
+    (what ExecuTorch's quantize_io_pass does for quantized_decomposed ops). Returns which
+    inputs and outputs became int8."""
+    from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
+
+    def is_op(node: Any, name: str) -> bool:
+        return getattr(node, "op", None) == "call_function" and \
+            f"cortex_m.{name}" in str(node.target)
+
+    graph = ep.graph_module.graph
+    placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    ins: list[bool] = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind != InputKind.USER_INPUT:
+            continue
+        node = placeholders.get(spec.arg.name)
+        users = list(node.users) if node is not None else []
+        if len(users) == 1 and is_op(users[0], "quantize_per_tensor"):
+            quant = users[0]
+            node.meta["val"] = quant.meta["val"]
+            quant.replace_all_uses_with(node)
+            graph.erase_node(quant)
+            ins.append(True)
+        else:
+            ins.append(False)
+    out_node = graph.output_node()
+    args = list(out_node.args[0])
+    outs: list[bool] = []
+    for i, spec in enumerate(ep.graph_signature.output_specs):
+        if spec.kind != OutputKind.USER_OUTPUT:
+            continue
+        arg = args[i]
+        if is_op(arg, "dequantize_per_tensor") and len(arg.users) == 1:
+            args[i] = arg.args[0]
+            spec.arg = TensorArgument(name=arg.args[0].name)
+            outs.append(True)
+        else:
+            outs.append(False)
+    out_node.args = (tuple(args),)
+    graph.eliminate_dead_code()
+    ep.graph_module.recompile()
+    return ins, outs
+
+
+def _dialect_check(lowered: Any, inputs: tuple[Any, ...], reference: list[Any],
+                   output_quant: list[QuantParams | None]
+                   ) -> tuple[dict[str, Any], Any | None, list[Any] | None]:
+    """Run the lowered cortex_m graph through the ops' Python reference code (integer
+    arithmetic modelled on CMSIS-NN) and compare with the PT2E reference. Best effort: some
+    ops' Python code rejects some shapes, so a failure here is recorded, not raised."""
+    import torch
+
+    module = lowered.module()  # a copy of the graph: to_executorch later rewrites the original
+    try:
+        with torch.no_grad():
+            out = flatten_tensors(module(*[t.clone() for t in inputs]))
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return {"ran": False, "error": f"{type(e).__name__}: {msg}"[:500]}, None, None
+    if len(out) != len(reference):
+        return ({"ran": False, "error": f"{len(out)} outputs, reference has {len(reference)}"},
+                None, None)
+    diffs = max_abs_diff([to_numpy(t) for t in out], [to_numpy(t) for t in reference])
+    steps = in_steps(diffs, output_quant)
+    return ({"ran": True, "max_abs_diff_vs_reference": max(diffs) if diffs else 0.0,
+             "max_diff_output_steps": max((s for s in steps if s is not None), default=None),
+             "bit_exact": all(d == 0.0 for d in diffs)}, module, out)

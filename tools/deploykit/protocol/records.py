@@ -1,0 +1,216 @@
+"""The records of the deploykit result protocol, version 1 (docs/protocol.md).
+
+Frame constants, the payload layouts, the codes the device sends (record types, done status,
+ExecuTorch scalar types, fault registers) and one class per record type. The decoder
+(`decoder.py`) builds these records; the reference encoder the tests use packs the same layouts.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import ClassVar
+
+import numpy as np
+
+MAGIC = b"\xa5DK"
+VERSION = 1
+HEADER_SIZE = 12
+CRC_SIZE = 4
+MAX_PAYLOAD = 65536
+SEQ_MODULO = 65536
+UINT64_MAX = 0xFFFF_FFFF_FFFF_FFFF
+DEFAULT_MAX_TENSOR_BYTES = 64 * 1024 * 1024
+
+HEADER_STRUCT = struct.Struct("<3sBBBHI")  # magic, version, type, flags, seq, length
+TENSOR_HEAD_STRUCT = struct.Struct("<HBB")  # index, dtype, ndim
+TENSOR_TAIL_STRUCT = struct.Struct("<fiII")  # scale, zero_point, total_nbytes, offset
+TIMING_STRUCT = struct.Struct("<QIIQ")  # ticks, tick_hz, iterations, instructions
+DONE_STRUCT = struct.Struct("<II")  # status, records sent before done
+FAULT_STRUCT = struct.Struct("<13I")  # FAULT_REGISTERS, in that order
+
+
+class RecordType(IntEnum):
+    HELLO = 1
+    TENSOR = 2
+    TIMING = 3
+    MEMORY = 4
+    ERROR = 5
+    FAULT = 6
+    DONE = 7
+    LOG = 8
+
+
+class DoneStatus(IntEnum):
+    OK = 0
+    EXECUTORCH_ERROR = 1
+    FAULT = 2
+    POOL_TOO_SMALL = 3
+
+
+# ExecuTorch ScalarType code -> little-endian numpy dtype (the codes docs/protocol.md lists).
+SCALAR_TYPES: dict[int, np.dtype] = {
+    0: np.dtype("u1"),
+    1: np.dtype("i1"),
+    2: np.dtype("<i2"),
+    3: np.dtype("<i4"),
+    4: np.dtype("<i8"),
+    6: np.dtype("<f4"),
+    7: np.dtype("<f8"),
+    11: np.dtype("?"),
+}
+SCALAR_TYPE_NAMES: dict[int, str] = {
+    0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 6: "float32", 7: "float64",
+    11: "bool",
+}
+
+FAULT_REGISTERS: tuple[str, ...] = (
+    "r0", "r1", "r2", "r3", "r12", "lr", "pc", "xpsr",
+    "cfsr", "hfsr", "mmfar", "bfar", "exc_return",
+)
+
+# Configurable Fault Status Register bits (ARMv7-M / ARMv8-M): MMFSR, BFSR, UFSR.
+CFSR_BITS: dict[int, str] = {
+    0: "IACCVIOL", 1: "DACCVIOL", 3: "MUNSTKERR", 4: "MSTKERR", 5: "MLSPERR", 7: "MMARVALID",
+    8: "IBUSERR", 9: "PRECISERR", 10: "IMPRECISERR", 11: "UNSTKERR", 12: "STKERR",
+    13: "LSPERR", 15: "BFARVALID",
+    16: "UNDEFINSTR", 17: "INVSTATE", 18: "INVPC", 19: "NOCP", 20: "STKOF",
+    24: "UNALIGNED", 25: "DIVBYZERO",
+}
+HFSR_BITS: dict[int, str] = {1: "VECTTBL", 30: "FORCED", 31: "DEBUGEVT"}
+
+
+def _flags(value: int, bits: Mapping[int, str]) -> list[str]:
+    return [name for bit, name in sorted(bits.items()) if value >> bit & 1]
+
+
+# --------------------------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Hello:
+    TYPE: ClassVar[RecordType] = RecordType.HELLO
+    fields: dict[str, str]
+    seq: int = field(default=-1, compare=False)
+
+    @property
+    def board(self) -> str | None:
+        return self.fields.get("board")
+
+    @property
+    def firmware(self) -> str | None:
+        return self.fields.get("firmware")
+
+
+@dataclass(eq=False)
+class Tensor:
+    """One output tensor, reassembled from all its chunks. `dtype` is the ScalarType code."""
+
+    TYPE: ClassVar[RecordType] = RecordType.TENSOR
+    index: int
+    dtype: int
+    sizes: tuple[int, ...]
+    scale: float
+    zero_point: int
+    data: np.ndarray
+    seq: int = -1  # seq of the chunk that completed the tensor; not compared
+
+    @property
+    def dtype_name(self) -> str:
+        return SCALAR_TYPE_NAMES.get(self.dtype, f"scalar_type_{self.dtype}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        return (
+            self.index == other.index and self.dtype == other.dtype
+            and tuple(self.sizes) == tuple(other.sizes)
+            and struct.pack("<f", self.scale) == struct.pack("<f", other.scale)
+            and self.zero_point == other.zero_point
+            and self.data.dtype == other.data.dtype and self.data.shape == other.data.shape
+            and self.data.tobytes() == other.data.tobytes()
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass
+class Timing:
+    TYPE: ClassVar[RecordType] = RecordType.TIMING
+    ticks: int
+    tick_hz: int
+    iterations: int
+    instructions: int | None  # None when the device sent UINT64_MAX (unknown)
+    seq: int = field(default=-1, compare=False)
+
+    @property
+    def seconds(self) -> float | None:
+        return self.ticks / self.tick_hz if self.tick_hz else None
+
+    @property
+    def ticks_per_iteration(self) -> float | None:
+        return self.ticks / self.iterations if self.iterations else None
+
+
+@dataclass
+class Memory:
+    TYPE: ClassVar[RecordType] = RecordType.MEMORY
+    entries: dict[str, tuple[int, int]]  # name -> (used high-water mark, capacity)
+    seq: int = field(default=-1, compare=False)
+
+
+@dataclass
+class DeviceError:
+    TYPE: ClassVar[RecordType] = RecordType.ERROR
+    code: int
+    message: str
+    seq: int = field(default=-1, compare=False)
+
+
+@dataclass
+class Fault:
+    TYPE: ClassVar[RecordType] = RecordType.FAULT
+    registers: dict[str, int]  # FAULT_REGISTERS -> value
+    seq: int = field(default=-1, compare=False)
+
+    @property
+    def cfsr_flags(self) -> list[str]:
+        return _flags(self.registers.get("cfsr", 0), CFSR_BITS)
+
+    @property
+    def hfsr_flags(self) -> list[str]:
+        return _flags(self.registers.get("hfsr", 0), HFSR_BITS)
+
+    def describe(self) -> str:
+        r = self.registers
+        parts = [f"pc=0x{r.get('pc', 0):08x} lr=0x{r.get('lr', 0):08x}"]
+        flags = self.cfsr_flags
+        parts.append(f"CFSR=0x{r.get('cfsr', 0):08x} [{', '.join(flags) or 'no flags'}]")
+        parts.append(f"HFSR=0x{r.get('hfsr', 0):08x} [{', '.join(self.hfsr_flags) or 'no flags'}]")
+        if "MMARVALID" in flags:
+            parts.append(f"MMFAR=0x{r.get('mmfar', 0):08x}")
+        if "BFARVALID" in flags:
+            parts.append(f"BFAR=0x{r.get('bfar', 0):08x}")
+        return ", ".join(parts)
+
+
+@dataclass
+class Done:
+    TYPE: ClassVar[RecordType] = RecordType.DONE
+    status: int
+    records: int  # records the device sent before this one
+    seq: int = field(default=-1, compare=False)
+
+
+@dataclass
+class Log:
+    TYPE: ClassVar[RecordType] = RecordType.LOG
+    text: str
+    seq: int = field(default=-1, compare=False)
+
+
+Record = Hello | Tensor | Timing | Memory | DeviceError | Fault | Done | Log
+
