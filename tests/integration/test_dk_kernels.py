@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from deploykit.boards import load_board
-from deploykit.firmware_build import build_image
+from deploykit.families import family_of
 from deploykit.inspect_pte import inspect_pte
 from deploykit.plan import plan_memory
 from deploykit.profiles import resolve_profile
@@ -82,7 +82,7 @@ def test_avg_pool3d_matches_torch_on_the_device(tmp_path):
             "DK_CMSIS_NN_DIR": str(ws.path_of("cmsis-nn")), "DK_OPS_YAML": str(ops),
             "DK_ET_RUNTIME_CACHE_DIR": str(ws.root / "runtime-cache"),
             "DK_ET_COMMIT": ws.executorch_commit, **profile.cmake_definitions(board)}
-    fw = build_image(board, generated, tmp_path / "fw", "runner", defs)
+    fw = family_of(board).build_image(board, generated, tmp_path / "fw", "runner", defs)
     assert fw.sizes.flash_by_component  # linked, with deploykit's kernel library
 
     result = runner_for_board(board).run(fw.elf, tmp_path, timeout_s=60, check=False)

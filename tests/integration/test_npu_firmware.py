@@ -117,7 +117,7 @@ def test_an_npu_address_that_faults_is_reported_not_fatal(tmp_path):
 @requires_ethos_u_sources
 def test_a_delegate_without_its_backend_is_a_clear_record(no_npu_run, tmp_path):
     """The same program and generated files, linked without EthosUBackend (DK_ETHOS_U=OFF)."""
-    from deploykit.firmware_build import build_image
+    from deploykit.families import family_of
     from deploykit.runners import QemuRunner
 
     _, out = no_npu_run
@@ -130,7 +130,7 @@ def test_a_delegate_without_its_backend_is_a_clear_record(no_npu_run, tmp_path):
             defs[name] = value
     defs["DK_ETHOS_U"] = "OFF"
     board = load_board("corstone-300")
-    fw = build_image(board, out / "generated", tmp_path / "fw", "runner", defs)
+    fw = family_of(board).build_image(board, out / "generated", tmp_path / "fw", "runner", defs)
     result = QemuRunner(QEMU_AN547).run(fw.elf, tmp_path, timeout_s=60, check=False)
     records = result.records
     assert records.hello.fields["backends"] == ""

@@ -78,8 +78,6 @@ class Board:
         return [*self.cpu["gcc_flags"], *self.cpu.get("extra_cflags", [])]
 
     def as_template_context(self) -> dict[str, Any]:
-        from .npu import npu_board_facts
-
         return {
             "name": self.name,
             "description": self.description,
@@ -94,7 +92,6 @@ class Board:
             "heap_size": self.heap_size,
             "console": self.console,
             "timer": self.timer,
-            "npu": npu_board_facts(self),
         }
 
 

@@ -134,13 +134,13 @@ def firmware_sources_hash(family: BoardFamily, root: Path | None = None) -> str:
     """SHA-256 over the deploykit sources a runner firmware of board family `family` is built
     from: the runner, the protocol encoder, the family's own firmware directories and the
     board API files they share, the firmware CMake project, the toolchain file and the
-    runtime build scripts. A change there re-measures; the selftest and other families do not
-    count."""
+    runtime build scripts, and deploykit's own kernels (firmware/kernels). A change there
+    re-measures; the selftest and other families do not count."""
     root = root or repo_root()
     fw = root / "firmware"
     paths = [*(fw / "boards").glob("*.*"), fw / "CMakeLists.txt"]
-    for tree in (fw / "runner", fw / "protocol", *(fw / d for d in family.firmware_dirs),
-                 root / "cmake"):
+    for tree in (fw / "runner", fw / "protocol", fw / "kernels",
+                 *(fw / d for d in family.firmware_dirs), root / "cmake"):
         paths += tree.rglob("*")
     h = hashlib.sha256()
     for p in sorted(set(paths)):

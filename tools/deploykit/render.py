@@ -109,9 +109,10 @@ def render_board_files(board: Board, out_dir: Path,
     the NPU scratch (with the temp pool) and the fast arena linked where the plan put them
     (the Vela memory mode's regions, npu.npu_placement); without one they follow the board's
     `placement` (model) and `pools`."""
-    from .npu import npu_placement
+    from .npu import npu_board_facts, npu_placement
 
     board_ctx = board.as_template_context()
+    board_ctx["npu"] = npu_board_facts(board)  # base in the firmware's security state, IRQ, ...
     placement = dict(board_ctx["placement"])
     placement.setdefault("npu_scratch", placement["pools"])
     placement.setdefault("npu_fast", placement["pools"])
