@@ -19,6 +19,7 @@ from deploykit.protocol.records import (
     FAULT_STRUCT,
     MAGIC,
     MAX_PAYLOAD,
+    NPU_HEAD_STRUCT,
     SCALAR_TYPES,
     SEQ_MODULO,
     TENSOR_HEAD_STRUCT,
@@ -94,6 +95,15 @@ def log_payload(text: str) -> bytes:
     return text.encode("utf-8")
 
 
+def npu_payload(call: int, npu_cycles: int, cpu_ticks: int,
+                counters: Mapping[str, int]) -> bytes:
+    out = bytearray(NPU_HEAD_STRUCT.pack(call, npu_cycles, cpu_ticks, len(counters)))
+    for name, value in counters.items():
+        raw = name.encode("ascii")
+        out += bytes([len(raw)]) + raw + struct.pack("<Q", value)
+    return bytes(out)
+
+
 class StreamEncoder:
     """Encodes a device's record stream, numbering seq and counting records like firmware."""
 
@@ -131,6 +141,10 @@ class StreamEncoder:
 
     def log(self, text: str) -> bytes:
         return self.frame(RecordType.LOG, log_payload(text))
+
+    def npu(self, call: int, npu_cycles: int, cpu_ticks: int,
+            counters: Mapping[str, int]) -> bytes:
+        return self.frame(RecordType.NPU, npu_payload(call, npu_cycles, cpu_ticks, counters))
 
     def done(self, status: int = 0) -> bytes:
         return self.frame(RecordType.DONE, done_payload(status, self.count))

@@ -8,6 +8,7 @@ The decoder must accept exactly the frames this scanner finds, and nothing else.
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import zlib
 
@@ -616,3 +617,80 @@ def test_crc_valid_frames_with_arbitrary_payloads_never_crash(frames):
     assert all(isinstance(r, (Hello, Tensor, Timing, Memory, DeviceError, Fault, Done, Log))
                for r in dec.records)
     RunRecords.build(dec.records, s).outcome()
+
+
+# ---- the npu record (Ethos-U firmware) -------------------------------------------------------
+
+U85_COUNTERS = {"sram_rd_beats": 1_234_567, "sram_wr_beats": 456_789, "ext_rd_beats": 3_000_000,
+                "ext_wr_beats": 0, "idle_cycles": 12_345, "mac_active_cycles": 987_654}
+
+
+def test_npu_records_round_trip_in_order():
+    from deploykit.protocol import NpuRun
+
+    enc = StreamEncoder()
+    data = (enc.hello(**HELLO) + enc.npu(0, 1_900_000, 2_100_000, U85_COUNTERS)
+            + enc.npu(1, 2**40, 7, {"idle_cycles": 3}) + enc.done(0))
+    run_ = decode(data)
+    assert run_.stats.clean, run_.stats.problems()
+    assert run_.npu_runs == [NpuRun(0, 1_900_000, 2_100_000, U85_COUNTERS),
+                             NpuRun(1, 2**40, 7, {"idle_cycles": 3})]
+    assert run_.outcome().exit_code == ExitCode.OK
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x00" * 20,  # shorter than its fixed part
+    struct.pack("<IQQB", 0, 1, 2, 1) + b"\x05idle",  # a counter cut short
+    struct.pack("<IQQB", 0, 1, 2, 0) + b"x",  # bytes after the counters
+])
+def test_malformed_npu_records_are_not_reported(payload):
+    run_ = decode(StreamEncoder().hello(**HELLO) + encode_record(9, 1, payload)
+                  + encode_record(7, 2, struct.pack("<II", 0, 2)))
+    assert run_.npu_runs == [] and run_.stats.malformed_records == 1
+    assert run_.outcome().exit_code == ExitCode.PROTOCOL
+
+
+@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no host C compiler")
+def test_firmware_npu_encoder_matches_the_decoder(tmp_path):
+    """dk_protocol.c's dk_send_npu, compiled for the host, decoded by the host decoder."""
+    import subprocess
+
+    from deploykit.boards import repo_root
+    from deploykit.protocol import NpuRun
+
+    fw = repo_root() / "firmware"
+    main = tmp_path / "main.c"
+    main.write_text(r'''#include <stdio.h>
+#include "dk_protocol.h"
+void dk_console_write(const void *d, size_t n) { fwrite(d, 1, n, stdout); }
+int main(void) {
+  const dk_counter_t c[] = {{"axi0_rd_beats", 11}, {"axi0_wr_beats", 22},
+                            {"axi1_rd_beats", 33}, {"idle_cycles", 0xFFFFFFFFull + 1}};
+  dk_send_hello("protocol=1\nboard=corstone-300");
+  dk_send_npu(0, 123456789012ull, 42, c, 4);
+  dk_send_npu(1, 5, 6, NULL, 0);
+  dk_send_done(0);
+  return 0;
+}
+''')
+    exe = tmp_path / "enc"
+    cc = shutil.which("cc") or shutil.which("gcc")
+    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", f"-I{fw / 'protocol'}",
+                    f"-I{fw / 'boards'}", str(main), str(fw / "protocol" / "dk_protocol.c"),
+                    "-o", str(exe)], check=True, capture_output=True)
+    run_ = decode(subprocess.run([str(exe)], check=True, capture_output=True).stdout)
+    assert run_.stats.clean, run_.stats.problems()
+    assert run_.npu_runs == [
+        NpuRun(0, 123456789012, 42, {"axi0_rd_beats": 11, "axi0_wr_beats": 22,
+                                     "axi1_rd_beats": 33, "idle_cycles": 2**32}),
+        NpuRun(1, 5, 6, {})]
+
+
+def test_no_npu_error_says_what_to_do():
+    enc = StreamEncoder()
+    run_ = decode(enc.hello(**HELLO) + enc.error(0x1007, "no Ethos-U at 0x58102000: ID register "
+                                                        "read 0x00000000") + enc.done(1))
+    outcome = run_.outcome()
+    assert outcome.exit_code == ExitCode.DEVICE_ERROR
+    assert "code 4103: no Ethos-U at 0x58102000" in outcome.cause
+    assert "FVP" in outcome.hint and "--flow cortex_m_int8" in outcome.hint

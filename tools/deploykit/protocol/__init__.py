@@ -21,6 +21,7 @@ from deploykit.protocol.records import (
     HFSR_BITS,
     MAGIC,
     MAX_PAYLOAD,
+    NPU_HEAD_STRUCT,
     SCALAR_TYPE_NAMES,
     SCALAR_TYPES,
     SEQ_MODULO,
@@ -33,6 +34,7 @@ from deploykit.protocol.records import (
     Hello,
     Log,
     Memory,
+    NpuRun,
     Record,
     RecordType,
     Tensor,
@@ -41,8 +43,8 @@ from deploykit.protocol.records import (
 
 __all__ = [
     "CFSR_BITS", "CRC_SIZE", "DEFAULT_MAX_TENSOR_BYTES", "FAULT_REGISTERS", "HEADER_SIZE",
-    "HFSR_BITS", "MAGIC", "MAX_PAYLOAD", "SCALAR_TYPES", "SCALAR_TYPE_NAMES", "SEQ_MODULO",
-    "UINT64_MAX", "VERSION", "DecodeStats", "Decoder", "DeviceError", "Done", "DoneStatus",
-    "Fault", "Hello", "Log", "Memory", "Outcome", "Record", "RecordType", "RunRecords", "Tensor",
-    "Timing", "classify", "decode",
+    "HFSR_BITS", "MAGIC", "MAX_PAYLOAD", "NPU_HEAD_STRUCT", "SCALAR_TYPES", "SCALAR_TYPE_NAMES",
+    "SEQ_MODULO", "UINT64_MAX", "VERSION", "DecodeStats", "Decoder", "DeviceError", "Done",
+    "DoneStatus", "Fault", "Hello", "Log", "Memory", "NpuRun", "Outcome", "Record", "RecordType",
+    "RunRecords", "Tensor", "Timing", "classify", "decode",
 ]

@@ -41,6 +41,7 @@ from deploykit.protocol.records import (
     HEADER_STRUCT,
     MAGIC,
     MAX_PAYLOAD,
+    NPU_HEAD_STRUCT,
     SCALAR_TYPE_NAMES,
     SCALAR_TYPES,
     SEQ_MODULO,
@@ -55,6 +56,7 @@ from deploykit.protocol.records import (
     Hello,
     Log,
     Memory,
+    NpuRun,
     Record,
     RecordType,
     Tensor,
@@ -416,6 +418,23 @@ class Decoder:
             return [Done(status, count, seq=seq)]
         if rtype == RecordType.LOG:
             return [Log(p.decode("utf-8", errors="replace"), seq=seq)]
+        if rtype == RecordType.NPU:
+            if len(p) < NPU_HEAD_STRUCT.size:
+                raise _Malformed(f"npu payload is {len(p)} bytes, needs at least "
+                                 f"{NPU_HEAD_STRUCT.size}")
+            call, cycles, ticks, count = NPU_HEAD_STRUCT.unpack_from(p)
+            counters: dict[str, int] = {}
+            i = NPU_HEAD_STRUCT.size
+            for _ in range(count):
+                n = p[i] if i < len(p) else 0
+                if i + 1 + n + 8 > len(p):
+                    raise _Malformed("npu counter runs past the payload")
+                counters[p[i + 1:i + 1 + n].decode("ascii")] = struct.unpack_from(
+                    "<Q", p, i + 1 + n)[0]
+                i += 1 + n + 8
+            if i != len(p):
+                raise _Malformed(f"npu payload has {len(p) - i} byte(s) after its counters")
+            return [NpuRun(call, cycles, ticks, counters, seq=seq)]
         st = self.stats
         st.unknown_records[rtype] = st.unknown_records.get(rtype, 0) + 1
         st._note(f"seq {seq}: unknown record type {rtype} ({len(p)} bytes) skipped")
@@ -498,6 +517,7 @@ class RunRecords:
     fault: Fault | None = None
     done: Done | None = None
     logs: list[Log] = field(default_factory=list)
+    npu_runs: list[NpuRun] = field(default_factory=list)  # Ethos-U firmware, one per call
     records: list[Record] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
 
@@ -529,6 +549,8 @@ class RunRecords:
                     run.done = r
             elif isinstance(r, Log):
                 run.logs.append(r)
+            elif isinstance(r, NpuRun):
+                run.npu_runs.append(r)
         return run
 
     def summary(self) -> str:

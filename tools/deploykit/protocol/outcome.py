@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from deploykit.errors import ExitCode, RunError
-from deploykit.protocol.records import DoneStatus
+from deploykit.protocol.records import ERR_NO_BACKEND, ERR_NO_NPU, DoneStatus
 
 if TYPE_CHECKING:  # a type only: the decoder imports this module to classify its RunRecords
     from deploykit.protocol.decoder import RunRecords
@@ -64,6 +64,13 @@ def classify(run: RunRecords, *, timed_out: bool = False, how: str | None = None
             hint = "A memory pool is too small; enlarge it in the memory plan."
         elif run.done is not None and run.done.status == DoneStatus.FAULT:
             hint = "done reports a fault but no fault record arrived."
+        elif any(e.code == ERR_NO_NPU for e in run.errors):
+            hint = ("This firmware drives an Ethos-U NPU, and none answers where the board file "
+                    "says (npu.base): run it on the board's FVP or a Corstone board, or build "
+                    "the CPU-only flow (--flow cortex_m_int8) for this simulator.")
+        elif any(e.code == ERR_NO_BACKEND for e in run.errors):
+            hint = ("The program was exported for a delegate this firmware does not link: "
+                    "build and export with the same flow.")
         else:
             hint = "See the device's error records."
         return Outcome(ExitCode.DEVICE_ERROR,

@@ -30,6 +30,7 @@ TENSOR_TAIL_STRUCT = struct.Struct("<fiII")  # scale, zero_point, total_nbytes, 
 TIMING_STRUCT = struct.Struct("<QIIQ")  # ticks, tick_hz, iterations, instructions
 DONE_STRUCT = struct.Struct("<II")  # status, records sent before done
 FAULT_STRUCT = struct.Struct("<13I")  # FAULT_REGISTERS, in that order
+NPU_HEAD_STRUCT = struct.Struct("<IQQB")  # call, npu_cycles, cpu_ticks, counter count
 
 
 class RecordType(IntEnum):
@@ -41,6 +42,7 @@ class RecordType(IntEnum):
     FAULT = 6
     DONE = 7
     LOG = 8
+    NPU = 9
 
 
 class DoneStatus(IntEnum):
@@ -212,5 +214,27 @@ class Log:
     seq: int = field(default=-1, compare=False)
 
 
-Record = Hello | Tensor | Timing | Memory | DeviceError | Fault | Done | Log
+@dataclass
+class NpuRun:
+    """One NPU command stream run (one delegate call) of Ethos-U firmware: the NPU's PMU cycle
+    counter, the CPU ticks of the whole delegate call, and the PMU event counters by name
+    (U55: axi0_rd_beats, axi0_wr_beats, axi1_rd_beats, idle_cycles; U85: sram_rd_beats,
+    sram_wr_beats, ext_rd_beats, ext_wr_beats, idle_cycles, mac_active_cycles)."""
+
+    TYPE: ClassVar[RecordType] = RecordType.NPU
+    call: int
+    npu_cycles: int
+    cpu_ticks: int
+    counters: dict[str, int]
+    seq: int = field(default=-1, compare=False)
+
+
+# The runner's own error codes (firmware/runner/runner_errors.h, docs/protocol.md).
+ERR_NO_BACKEND = 0x1006
+ERR_NO_NPU = 0x1007
+ERR_NPU_INIT = 0x1008
+ERR_NPU_RUN = 0x1009
+
+
+Record = Hello | Tensor | Timing | Memory | DeviceError | Fault | Done | Log | NpuRun
 
