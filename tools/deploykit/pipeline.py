@@ -292,7 +292,7 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
         """Render the generated files for `plan` (pool sizes; a fitted stack and heap override
         the board file's) and build."""
         sized = _sized_board(board, plan)
-        render_board_files(sized, generated, _stack_heap_source(board, plan))
+        render_board_files(sized, generated, _stack_heap_source(board, plan), plan=plan)
         render_model_files(ModelSources(
             pte=exported.pte_path.read_bytes(), input_sets=input_sets,
             expected_outputs=exported.reference_sets[0], plan=plan, et_commit=et_commit,
@@ -377,6 +377,8 @@ def _footprint_of(firmware: Firmware, planned: PlannedModel, model: str,
         peaks = {"planned_pool": sum(planned.program.planned_buffers)}
         if load is not None:
             peaks.update(method_pool=load.method_bytes, temp_pool=load.temp_bytes)
+        if planned.program.delegates and planned.program.max_scratch:
+            peaks["npu_scratch"] = planned.program.max_scratch  # Vela's, exact
         source = ("estimated from the .pte; stack and heap unknown until measured "
                   "(deploykit build --fit)")
     return footprint(firmware.sizes, title, peaks, source)

@@ -183,7 +183,8 @@ class EthosUInt8(Flow):
 
     def firmware_definitions(self, board: Board, workspace: Workspace, out: Path,
                              plan: MemoryPlan) -> dict[str, str]:
-        """Stop an NPU firmware build, after export and plan, where it cannot go on."""
+        """Stop an NPU firmware build, after export and plan, where it cannot go on; else the
+        NPU firmware's CMake definitions."""
         from ..sources import read_manifest
 
         npu = npu_config(board)
@@ -200,12 +201,13 @@ class EthosUInt8(Flow):
                 f"Arm's GitLab, give a local clone: deploykit setup --source "
                 f"{ETHOS_U_DRIVER}=PATH@{pin.revision}. CPU-only firmware for this board needs "
                 "no driver: --flow cortex_m_int8.")
-        raise BuildError(
-            f"The workspace has {ETHOS_U_DRIVER}, but deploykit's runner firmware does not yet "
-            f"initialise the NPU (base 0x{npu.base:08X}, IRQ {npu.irq}) nor link the "
-            "EthosUBackend." if npu else "No NPU section on this board.",
-            "Build with --flow cortex_m_int8 for a CPU-only image meanwhile; the export and "
-            f"plan in {out} are complete.")
+        if npu is None:
+            raise BuildError("No NPU section on this board.",
+                             "Build with --flow cortex_m_int8 for a CPU-only image.")
+        # The NPU firmware's CMake definitions (driver, CMSIS_6, NPU configuration).
+        from ..npu import npu_firmware_definitions
+
+        return npu_firmware_definitions(board, workspace, plan)
 
 
 def npu_export_settings(npu: dict[str, Any] | None) -> dict[str, Any]:
