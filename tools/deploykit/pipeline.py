@@ -430,6 +430,9 @@ class RunReport:
     log: Path | None = None
     device_outputs: list[list[float]] = field(default_factory=list)
     input_sets: SetStatistics | None = None
+    # Ethos-U firmware: one entry per delegate call (NPU cycles from its PMU, the call's CPU
+    # ticks, the PMU event counters), beside Vela's estimate for the same delegate.
+    npu_calls: list[NpuCall] = field(default_factory=list)
     # Every decoded record of the run (for the HIL plugin); not part of the JSON report.
     records: RunRecords | None = field(default=None, repr=False, metadata={"json": False})
 
@@ -437,7 +440,9 @@ class RunReport:
         lines = [f"{self.model} ({self.flow}) on {self.board}: "
                  f"{'PASS' if self.passed else 'FAIL'}" + (f": {self.cause}" if self.cause
                                                             else "")]
-        if self.verdict:
+        if self.verdict and not self.passed and not any(self.device_outputs):
+            lines.append("  outputs: none arrived (the device stopped before sending them)")
+        elif self.verdict:
             for o in self.verdict.outputs:
                 lines.append(
                     f"  output {o.index} {list(o.shape)}: max abs err {o.max_abs_error:.3g}, "
@@ -460,6 +465,8 @@ class RunReport:
                          + (f" = ~{self.instructions_estimate:,.0f} instructions per inference "
                             "(QEMU icount)"
                             if self.instructions_estimate else ""))
+        for c in self.npu_calls:
+            lines.append(f"  {c.describe()}")
         for name, (used, cap) in sorted(self.memory.items()):
             lines.append(f"  {name:<14} peak {used:>9,} B of {cap:>9,} B")
         lines += [f"  warning: {w}" for w in self.warnings]
@@ -525,7 +532,7 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
         exit_code=exit_code, verdict=verdict, reference_kind=exported.reference_kind,
         ticks=timing.ticks if timing else None, tick_hz=timing.tick_hz if timing else None,
         instructions_estimate=result.instructions_per_iteration_estimate,
-        input_sets=sets,
+        input_sets=sets, npu_calls=_npu_calls(records, built.planned.program),
         memory=memory, warnings=warnings,
         elf=built.firmware.elf, flash_bytes=built.firmware.sizes.flash_total, cause=cause,
         log=result.console_log,
@@ -533,6 +540,44 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
         records=records)
     write_atomic(out / "run" / "result.json", json.dumps(_report_json(report), indent=2) + "\n")
     return report
+
+
+@dataclass(frozen=True)
+class NpuCall:
+    """One Ethos-U delegate call as the device measured it, with Vela's estimate of it."""
+
+    call: int  # in the order of the run (input set after input set)
+    delegate: int  # the .pte's delegate index
+    npu_cycles: int  # the NPU's PMU cycle counter over the command stream
+    cpu_ticks: int  # the CPU timer over the whole delegate call (driver included)
+    counters: dict[str, int]  # PMU event counters by name (AXI/SRAM/external beats, idle, ...)
+    vela_estimate_cycles: int | None  # Vela's total cycles for the delegate, when known
+
+    def describe(self) -> str:
+        text = (f"NPU call {self.call} (delegate {self.delegate}): {self.npu_cycles:,} NPU "
+                f"cycles, {self.cpu_ticks:,} CPU ticks")
+        if self.vela_estimate_cycles:
+            text += (f" (Vela estimated {self.vela_estimate_cycles:,} cycles: "
+                     f"{self.npu_cycles / self.vela_estimate_cycles:.2f}x)")
+        if self.counters:
+            text += "; " + ", ".join(f"{k} {v:,}" for k, v in self.counters.items())
+        return text
+
+
+def _npu_calls(records: RunRecords, program: ProgramInfo) -> list[NpuCall]:
+    """The device's npu records, each tied to its delegate: the runtime calls the delegates
+    in execution order, once per inference."""
+    order = [s.delegate for s in program.segments if s.kind == "delegate"]
+    if not order:
+        return []
+    calls = []
+    for run in records.npu_runs:
+        index = order[run.call % len(order)]
+        estimate = program.delegates[index].vela_estimate
+        calls.append(NpuCall(run.call, index, run.npu_cycles, run.cpu_ticks,
+                             dict(run.counters),
+                             estimate.total_cycles if estimate is not None else None))
+    return calls
 
 
 def _fit_warnings(planned: PlannedModel, records: RunRecords) -> list[str]:

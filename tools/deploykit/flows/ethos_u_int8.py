@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BuildError, ConfigError, EnvironmentProblem, ExportError
-from ..npu import npu_config
+from ..errors import ConfigError, EnvironmentProblem, ExportError
+from ..npu import npu_config, npu_firmware_definitions
 from .base import ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
 from .common import flatten_tensors, in_steps, max_abs_diff, to_numpy
 from .pt2e import io_quant, quantize_pt2e
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from .common import Stages
 
 ETHOS_U_BACKEND = "EthosUBackend"
-ETHOS_U_DRIVER = "ethos-u-core-driver"
 TOSA_REFERENCE_KIND = "tosa-reference-model"
 _VELA_SUMMARY_KEYS = {
     "Accelerator configuration": "accelerator_config",
@@ -183,31 +182,19 @@ class EthosUInt8(Flow):
 
     def firmware_definitions(self, board: Board, workspace: Workspace, out: Path,
                              plan: MemoryPlan) -> dict[str, str]:
-        """Stop an NPU firmware build, after export and plan, where it cannot go on; else the
-        NPU firmware's CMake definitions."""
-        from ..sources import read_manifest
-
-        npu = npu_config(board)
-        what = f"{npu.target} NPU of {board.name}" if npu else board.name
-        if not workspace.has(ETHOS_U_DRIVER):
-            pin = next(p for p in read_manifest() if p.name == ETHOS_U_DRIVER)
+        """The NPU firmware's CMake definitions (npu.npu_firmware_definitions: Arm's Ethos-U
+        core driver and CMSIS_6 from the workspace, the board's NPU configuration), so the
+        runner links ExecuTorch's EthosUBackend. Without those sources the build stops here,
+        after the export and the plan, saying so."""
+        try:
+            return npu_firmware_definitions(board, workspace, plan)
+        except EnvironmentProblem as exc:
             raise EnvironmentProblem(
-                f"Ethos-U core driver sources not available: add {ETHOS_U_DRIVER} to the "
-                f"workspace at {workspace.root} to build firmware for the {what} (ExecuTorch's "
-                f"EthosUBackend links it). The export and memory plan are done: "
-                f"{out / 'export'}, {out / 'plan.json'}.",
-                f"`deploykit setup --group ethos-u` fetches it (pinned in west.yml: {pin.url} "
-                f"at {pin.revision}, the release ExecuTorch v1.4.1 uses). Without access to "
-                f"Arm's GitLab, give a local clone: deploykit setup --source "
-                f"{ETHOS_U_DRIVER}=PATH@{pin.revision}. CPU-only firmware for this board needs "
-                "no driver: --flow cortex_m_int8.")
-        if npu is None:
-            raise BuildError("No NPU section on this board.",
-                             "Build with --flow cortex_m_int8 for a CPU-only image.")
-        # The NPU firmware's CMake definitions (driver, CMSIS_6, NPU configuration).
-        from ..npu import npu_firmware_definitions
-
-        return npu_firmware_definitions(board, workspace, plan)
+                f"{exc.cause} The export and memory plan are done: {out / 'export'}, "
+                f"{out / 'plan.json'}.",
+                f"{exc.hint}\nThe driver may be Arm's repository (pinned, Arm's GitLab) or "
+                "Zephyr's module zephyrproject-rtos/hal_ethos_u (GitHub). CPU-only firmware for "
+                "this board needs neither: --flow cortex_m_int8.") from exc
 
 
 def npu_export_settings(npu: dict[str, Any] | None) -> dict[str, Any]:
