@@ -204,7 +204,8 @@ function(_dk_et_configure_runtime)
     list(APPEND _args -DDK_TOOLCHAIN_PREFIX=${DK_TOOLCHAIN_PREFIX})
   endif()
   if(DK_LTO)
-    # Archives of LTO objects get their symbol index from the LTO plugin (FIELD-NOTES).
+    # Archives of LTO objects get their symbol index from the LTO plugin: plain ar/ranlib
+    # leave an index without the LTO symbols, and the link then misses them.
     list(APPEND _args -DCMAKE_AR=${_dk_gcc_ar} -DCMAKE_RANLIB=${_dk_gcc_ranlib})
   endif()
   message(STATUS "ExecuTorch runtime: configuring ${_rt}")
