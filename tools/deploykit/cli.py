@@ -20,6 +20,7 @@ from .flows import flow_names, registry
 from .jsonable import to_jsonable
 from .paths import set_user_dir
 from .profiles import DEFAULT_PROFILE, PROFILES
+from .progress import ProgressDisplay
 from .runners import runner_options
 from .thirdparty_log import route_third_party_logs
 
@@ -36,13 +37,14 @@ class _Output:
     def __init__(self, as_json: bool, quiet: bool = False) -> None:
         self.as_json = as_json
         self.quiet = quiet
+        # stderr: a live status line on a terminal, plain lines otherwise (progress.py).
+        self.progress = ProgressDisplay(quiet=quiet)
 
-    def progress(self, message: str) -> None:
-        # Progress goes to stderr so that --json output on stdout stays machine-readable.
-        if not self.quiet:
-            print(f"· {message}", file=sys.stderr, flush=True)
+    def close(self) -> None:
+        self.progress.close()
 
     def result(self, payload: Any, text: str) -> None:
+        self.close()
         if self.as_json:
             print(json.dumps(to_jsonable(payload), indent=2))
         else:
@@ -398,13 +400,17 @@ def _main(argv: list[str] | None) -> int:
     try:
         return _dispatch(args, out)
     except DeployKitError as exc:
+        out.close()
         if args.debug:
             raise
         print(f"deploykit: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:
+        out.close()
         print("deploykit: interrupted", file=sys.stderr)
         return 130
+    finally:
+        out.close()
 
 
 if __name__ == "__main__":
