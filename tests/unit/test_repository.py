@@ -12,6 +12,7 @@ from deploykit.paths import checkout_root
 
 # Being rewritten on another branch; each fact there moves into the project's own docs.
 PENDING = {"cmake/ExecuTorchRuntime.cmake", "docs/runtime-build.md", "docs/firmware.md"}
+THIS_FILE = "tests/unit/test_repository.py"
 
 
 def _tracked_text_files():
@@ -30,12 +31,13 @@ def _tracked_text_files():
 
 def test_no_file_cites_notes_outside_the_repository():
     offenders = [name for name, text in _tracked_text_files()
-                 if name not in PENDING and ("FIELD-NOTES" in text or "../shared" in text)]
+                 if name not in PENDING | {THIS_FILE}
+                 and ("FIELD-NOTES" in text or "../shared" in text)]
     assert offenders == []
 
 
 def test_no_file_names_a_path_of_the_authors_machine():
     marks = ("/work/", "/root/", "/opt/wheels", "/opt/pypi")
     offenders = [name for name, text in _tracked_text_files()
-                 if name != "tests/unit/test_repository.py" and any(m in text for m in marks)]
+                 if name != THIS_FILE and any(m in text for m in marks)]
     assert offenders == []
