@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -311,7 +312,9 @@ def _west_update(root: Path, projects: list[Project], progress: Callable[[str], 
     hint = ("Without GitHub access, give each project from a local git copy (a clone or bare "
             f"repository of it, anywhere on this machine):\n  deploykit setup \\\n{how}\n"
             f"Upstream repositories:\n{where}")
-    west = shutil.which("west")
+    # Beside deploykit's Python first: the .venv's bin/ need not be on PATH.
+    beside = Path(sys.executable).parent / "west"
+    west = str(beside) if beside.is_file() else shutil.which("west")
     if west is None:
         raise EnvironmentProblem(
             f"west is not installed, so {', '.join(names)} cannot be fetched.",
