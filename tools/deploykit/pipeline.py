@@ -131,7 +131,7 @@ def export_stage(board: Board, model: str, flow: str, out: Path,
         spec = spec or load_model(model, repo_root())
         result = export_model(spec, flow, export_dir, cpu=board.cpu["core"], settings=settings,
                               input_sets=list(input_sets.samples) if input_sets else None,
-                              options=options)
+                              options=options, on_step=getattr(progress, "step", None))
     if input_sets is not None:
         write_atomic(export_dir / "labels.json", json.dumps(
             {"names": list(input_sets.names), "labels": list(input_sets.labels)}) + "\n")
