@@ -120,9 +120,11 @@ def test_npu_build_stops_after_export_and_plan_naming_the_driver(tmp_path):
     messages: list[str] = []
     with pytest.raises(EnvironmentProblem) as exc:
         api.build("corstone-320", "tiny_cnn", out=tmp_path, progress=messages.append)
-    assert exc.value.cause.startswith("Ethos-U core driver sources not available: add "
-                                      "ethos-u-core-driver to the workspace")
+    assert exc.value.cause.startswith("The firmware for the ethos-u85-256 NPU of corstone-320 "
+                                      "needs ethos-u-core-driver, cmsis")
+    assert f"The export and memory plan are done: {tmp_path / 'export'}" in exc.value.cause
     assert "deploykit setup --group ethos-u" in exc.value.hint
+    assert "hal_ethos_u" in exc.value.hint and "--flow cortex_m_int8" in exc.value.hint
     assert "ethos-u-core-driver.git" in exc.value.hint and "26.02" in exc.value.hint
     assert (tmp_path / "export" / "model.pte").is_file()
     plan = json.loads((tmp_path / "plan.json").read_text())
