@@ -22,7 +22,7 @@ from deploykit.families import get_family
 from deploykit.render import render_board_files
 from deploykit.sources import load_workspace, require_projects
 from deploykit.uf2 import check_uf2
-from tests.markers import requires_cmake, requires_sources, requires_toolchain
+from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
 
 
 def _pico_sources_reason() -> str | None:
@@ -69,13 +69,23 @@ def assert_bootable_image(fw, board) -> None:
         vectors = text.data()[:16]
         sp, reset = int.from_bytes(vectors[:4], "little"), int.from_bytes(vectors[4:8], "little")
         stack = board.region_for("stack")
-        assert sp == stack.origin + stack.size  # __StackTop: the top of SCRATCH_X+Y
+        syms = elf.get_section_by_name(".symtab")
+        top = syms.get_symbol_by_name("__StackTop")[0]["st_value"]
+        assert sp == top and stack.origin < top <= stack.origin + stack.size  # in SCRATCH_X+Y
         assert reset & 1 and flash.origin <= reset < flash.origin + flash.size
         syms = elf.get_section_by_name(".symtab")
         hardfault = syms.get_symbol_by_name("isr_hardfault")[0]["st_value"]
         assert int.from_bytes(text.data()[12:16], "little") == hardfault  # ours, not a bkpt
-        transcript = syms.get_symbol_by_name("dk_transcript")[0]
+        # LTO may give the static array a private suffix (dk_transcript.lto_priv.0)
+        transcript = next(s for s in syms.iter_symbols()
+                          if s.name.split(".")[0] == "dk_transcript")
         assert elf.get_section(transcript["st_shndx"]).name == ".noinit"  # survives a reboot
+        config = fw.elf.parent.parent / "generated" / "model_config.h"
+        if config.exists():  # the runner: sized from the model, not the board file's 16 KiB
+            result = re.search(r"#define DK_RESULT_BYTES (\d+)u", config.read_text())
+            assert transcript["st_size"] == int(result.group(1)) < 4096
+        else:  # the self-test: the board file's serial.transcript_bytes
+            assert transcript["st_size"] == board.raw["serial"]["transcript_bytes"]
     fit = fw.fit
     assert fit is not None and fit.fits
     assert fit.flash_size == 4 << 20 and fit.ram_size == 520 << 10
@@ -116,3 +126,59 @@ def test_mlp_mnist_builds_for_pico2(tmp_path_factory, flow):
         # CMSIS-NN with the M33's DSP extension: dual 16-bit MACs in the matrix kernels.
         assert "arm_nn_vec_mat_mult_t_s8" in disassembly
         assert "smlad" in disassembly or "sxtab16" in disassembly
+
+
+@requires_sources
+@requires_qemu
+def test_fit_by_proxy_without_a_board(tmp_path_factory, monkeypatch):
+    """`build --fit` with no Pico 2 attached measures on the board file's proxy (qemu-an505,
+    built with the Pico's softfp flags and runtime options) and links the Pico image at those
+    peaks plus margin plus the SDK's stack (docs/memory.md, Fit by proxy)."""
+    from deploykit.errors import EnvironmentProblem
+    from deploykit.runners import RUNNERS
+
+    def nothing_attached(self):
+        raise EnvironmentProblem("No pico2 is connected: none found.", "plug it in")
+
+    monkeypatch.setattr(RUNNERS["pico"], "check_environment", nothing_attached)
+    out = tmp_path_factory.getbasetemp() / "pico2-fit" / "mlp_mnist"
+    said: list[str] = []
+    built = api.build("pico2", "mlp_mnist", flow="cortex_m_int8", out=out, fit=True,
+                      progress=said.append)
+    board = load_board("pico2")
+    record = built.planned.fit
+    assert record is not None
+    assert record.measured_on == ("measured on qemu-an505 (proxy: same core, ABI and runtime "
+                                  "options)")
+    assert any("measuring on its proxy qemu-an505" in m for m in said)
+    # the proxy firmware: an505's map, the Pico's softfp FPU + DSP ABI
+    proxy_elf = out / "fit" / "proxy" / "firmware" / "dk_runner.elf"
+    assert_m33_softfp_dsp(attributes(proxy_elf))
+    an505_ram = load_board("qemu-an505").region("ram")
+    with open(proxy_elf, "rb") as f:
+        stack = ELFFile(f).get_section_by_name(".stack")
+        assert an505_ram.origin <= stack["sh_addr"] < an505_ram.end  # the proxy's memory map
+    assert (out / "fit" / "proxy" / "run").is_dir()
+    # the Pico image is linked at the peaks + margin (+ the SDK's stack)
+    extra = board.raw["proxy"]["extra_stack"]
+    from deploykit import fit as fitting
+
+    assert record.fitted["stack"] == fitting.fitted_stack(record.peaks["stack"]) + extra
+    fw = built.firmware
+    assert_bootable_image(fw, board)
+    with open(fw.elf, "rb") as f:
+        syms = ELFFile(f).get_section_by_name(".symtab")
+
+        def size(name: str) -> int:
+            return syms.get_symbol_by_name(name)[0]["st_size"]
+
+        assert size("_ZN12_GLOBAL__N_111method_poolE") == record.fitted["method_pool"]
+        top = syms.get_symbol_by_name("__dk_stack_top")[0]["st_value"]
+        limit = syms.get_symbol_by_name("__dk_stack_limit")[0]["st_value"]
+        assert top - limit == record.fitted["stack"]
+    assert "qemu-an505 (proxy" in built.footprint.table()
+    # stored: a second build reuses it without running anything
+    again: list[str] = []
+    api.build("pico2", "mlp_mnist", flow="cortex_m_int8", out=out, fit=True,
+              progress=again.append)
+    assert not any("measuring" in m for m in again)

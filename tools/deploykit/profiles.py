@@ -92,6 +92,7 @@ class BuildProfile:
             return "ON" if flag else "OFF"
 
         sdk_runtime = board is not None and not family_of(board).owns_c_runtime
+        lto = self.lto and (board is None or family_of(board).supports_lto)
 
         return {
             "DK_PROFILE": self.name,
@@ -101,7 +102,7 @@ class BuildProfile:
             "DK_ET_CMSIS_NN_OPT": self.cmsis_nn_opt,
             "DK_ET_LOGGING": on(self.logging),
             "DK_ET_PIC": on(self.pic),
-            "DK_LTO": on(self.lto),
+            "DK_LTO": on(lto),
             "DK_ET_EXACT_KERNEL_REGISTRY": on(self.exact_kernel_registry),
             "DK_ET_MODEL_PRIM_OPS": on(self.model_prim_ops),
             "DK_LEAN_LIBC": on(self.lean_libc and not sdk_runtime),
