@@ -86,12 +86,13 @@ class BuildProfile:
         side has no defaults). ExecuTorchRuntime.cmake keys the cached runtime on every one
         that changes the runtime's objects.
 
-        On a board built through the pico-sdk the C runtime is the SDK's (its printf, malloc
-        and exit wrappers), so deploykit's lean replacements are left out there."""
+        A family that cannot link with LTO (`supports_lto`) gets DK_LTO=OFF, so that a proxy
+        measurement of its boards (proxy.py) is built with the same options. On a board built
+        through the pico-sdk the lean libc replaces only what the SDK does not (abort, atexit,
+        strcmp, memmove; the SDK's printf wrappers and operator new/delete stay)."""
         def on(flag: bool) -> str:
             return "ON" if flag else "OFF"
 
-        sdk_runtime = board is not None and not family_of(board).owns_c_runtime
         lto = self.lto and (board is None or family_of(board).supports_lto)
 
         return {
@@ -105,7 +106,7 @@ class BuildProfile:
             "DK_LTO": on(lto),
             "DK_ET_EXACT_KERNEL_REGISTRY": on(self.exact_kernel_registry),
             "DK_ET_MODEL_PRIM_OPS": on(self.model_prim_ops),
-            "DK_LEAN_LIBC": on(self.lean_libc and not sdk_runtime),
+            "DK_LEAN_LIBC": on(self.lean_libc),
         }
 
     def fixed_program(self, program: ProgramInfo) -> ProgramInfo:
