@@ -227,10 +227,7 @@ int __cxa_atexit(void (*)(void *), void *, void *) { return 0; }
 
 }  // extern "C"
 
-// The pico-sdk brings its own operator new and delete (pico_cxx_options, LIB_PICO_CXX_OPTIONS).
-#if !defined(LIB_PICO_CXX_OPTIONS)
 void operator delete(void *) noexcept { report_abort("operator delete called (no heap)"); }
 void operator delete(void *, size_t) noexcept {
   report_abort("operator delete called (no heap)");
 }
-#endif

@@ -88,8 +88,8 @@ class BuildProfile:
 
         A family that cannot link with LTO (`supports_lto`) gets DK_LTO=OFF, so that a proxy
         measurement of its boards (proxy.py) is built with the same options. On a board built
-        through the pico-sdk the lean libc replaces only what the SDK does not (abort, atexit,
-        strcmp, memmove; the SDK's printf wrappers and operator new/delete stay)."""
+        through the pico-sdk the lean libc is linked too (firmware/runner/lean_libc.cpp leaves
+        operator new/delete to the SDK)."""
         def on(flag: bool) -> str:
             return "ON" if flag else "OFF"
 

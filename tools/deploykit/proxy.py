@@ -95,10 +95,9 @@ def measure_target(board: Board, runner_kwargs: dict[str, Any],
     runner = runner_for_board(board, **runner_kwargs)
     try:
         found = runner.check_environment()
-    except EnvironmentProblem as exc:
+    except EnvironmentProblem:
         proxy = proxy_board(board)
-        progress(f"no {board.name} attached ({exc.cause.split(':')[0].rstrip('.')}): "
-                 f"measuring on its proxy {proxy.name} instead (same "
+        progress(f"no {board.name} attached: measuring on its proxy {proxy.name} instead (same "
                  f"core, built with {board.name}'s CPU/ABI flags and runtime options)")
         extra = int(proxy_section(board)["extra_stack"])  # type: ignore[index]
         return MeasureTarget(proxy, runner_for_board(proxy, workspace=runner_kwargs.get(
