@@ -37,6 +37,7 @@
 #include "model_config.h"
 #include "npu.h"
 #include "runner_errors.h"
+#include "text.h"
 
 #if !defined(DK_NPU_BASE) || !defined(DK_NPU_IRQ)
 #error "DK_ETHOS_U=1 for a board without an npu section (board_config.h has no DK_NPU_BASE)"
@@ -87,39 +88,8 @@ __attribute__((section(".dk_npu_fast"), aligned(32))) uint8_t fast_arena[DK_NPU_
 #define DK_FAST_ARENA nullptr
 #endif
 
-// ---- text without printf ----
-class Line {
- public:
-  Line &operator<<(const char *s) {
-    while (s && *s && len_ + 1 < sizeof buf_) buf_[len_++] = *s++;
-    buf_[len_] = '\0';
-    return *this;
-  }
-  Line &dec(uint32_t v) {
-    char d[10];
-    size_t n = 0;
-    do {
-      d[n++] = static_cast<char>('0' + v % 10u);
-      v /= 10u;
-    } while (v && n < sizeof d);
-    while (n && len_ + 1 < sizeof buf_) buf_[len_++] = d[--n];
-    buf_[len_] = '\0';
-    return *this;
-  }
-  Line &hex(uint32_t v) {
-    static const char kDigits[] = "0123456789ABCDEF";
-    *this << "0x";
-    for (int shift = 28; shift >= 0 && len_ + 1 < sizeof buf_; shift -= 4)
-      buf_[len_++] = kDigits[(v >> shift) & 0xFu];
-    buf_[len_] = '\0';
-    return *this;
-  }
-  const char *c_str() const { return buf_; }
-
- private:
-  char buf_[200] = {};
-  size_t len_ = 0;
-};
+// Error and log texts are one record each, short.
+using Line = TextLine<200>;
 
 uint32_t report(uint32_t code, const Line &line) {
   dk_send_error(code, line.c_str());

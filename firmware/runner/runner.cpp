@@ -46,6 +46,7 @@
 #include "model_io.h"
 #include "model_pte.h"
 #include "runner_errors.h"
+#include "text.h"
 #if DK_ETHOS_U
 #include "npu.h"
 #endif
@@ -81,35 +82,6 @@ using executorch::runtime::TensorInfo;
 #endif
 
 namespace {
-
-/* ---- a tiny string builder (no printf) ---- */
-class Text {
- public:
-  Text(char *buf, size_t cap) : buf_(buf), cap_(cap) { buf_[0] = '\0'; }
-  Text &operator<<(const char *s) {
-    while (s && *s && len_ + 1 < cap_) buf_[len_++] = *s++;
-    buf_[len_] = '\0';
-    return *this;
-  }
-  Text &operator<<(uint32_t v) {
-    char d[10];
-    size_t n = 0;
-    do {
-      d[n++] = static_cast<char>('0' + v % 10u);
-      v /= 10u;
-    } while (v && n < sizeof d);
-    while (n && len_ + 1 < cap_) buf_[len_++] = d[--n];
-    buf_[len_] = '\0';
-    return *this;
-  }
-  const char *c_str() const { return buf_; }
-  size_t size() const { return len_; }
-
- private:
-  char *buf_;
-  size_t cap_;
-  size_t len_ = 0;
-};
 
 /* A bump allocator that remembers its high-water mark (the temp allocator is reset after every
  * kernel, so its peak is only visible here) and the first request it could not satisfy. In

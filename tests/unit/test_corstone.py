@@ -479,20 +479,20 @@ def test_every_board_with_an_npu_resolves():
 def test_npu_records_are_tied_to_their_delegate_and_vela_estimate(tiny_u85):
     """The run report pairs each device npu record with its delegate and Vela's estimate."""
     from deploykit.inspect_pte import inspect_pte
-    from deploykit.pipeline import _npu_calls
     from deploykit.protocol import NpuRun, RunRecords
+    from deploykit.run_report import npu_calls_of
 
     program = inspect_pte(tiny_u85.pte_path)
     estimate = program.delegates[0].vela_estimate.total_cycles
     runs = [NpuRun(call, 3000 + call, 9000, {"idle_cycles": 7, "mac_active_cycles": 100})
             for call in range(3)]  # three inferences of a one-delegate program
-    calls = _npu_calls(RunRecords(npu_runs=runs), program)
+    calls = npu_calls_of(RunRecords(npu_runs=runs), program)
     assert [(c.call, c.delegate, c.npu_cycles) for c in calls] == [(0, 0, 3000), (1, 0, 3001),
                                                                     (2, 0, 3002)]
     assert all(c.vela_estimate_cycles == estimate for c in calls)
     text = calls[0].describe()
     assert text.startswith("NPU call 0 (delegate 0): 3,000 NPU cycles, 9,000 CPU ticks")
     assert f"Vela estimated {estimate:,} cycles" in text and "mac_active_cycles 100" in text
-    assert _npu_calls(RunRecords(npu_runs=runs),
+    assert npu_calls_of(RunRecords(npu_runs=runs),
                       inspect_pte(tiny_u85.pte_path, report=tiny_u85.pte_path.parent / "x")
                       )[0].vela_estimate_cycles is None

@@ -54,3 +54,37 @@ def test_not_a_program_is_a_clear_error(tmp_path, pte):
     with pytest.raises(ConfigError) as exc:
         read_pte_info(pte, method="train")
     assert "no method 'train'" in exc.value.cause and "forward" in exc.value.hint
+
+
+def test_inspect_names_dtypes_as_users_know_them(pte):
+    from deploykit.api import describe_program
+
+    text = describe_program(inspect_pte(pte))
+    assert "inputs: float32 [2, 3], float32 [2, 3]" in text
+    assert "outputs: float32 [2, 3]" in text
+    assert "dtype 6" not in text
+
+
+def test_inspect_of_a_bad_file_starts_with_deploykit(tmp_path):
+    """No third-party import noise (torchao, torch's _pytree) comes before deploykit's error."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.pte"
+    bad.write_bytes(b"not a program")
+    proc = subprocess.run([sys.executable, "-m", "deploykit", "inspect", str(bad)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=_env_with_state(tmp_path))
+    assert proc.returncode == 3
+    assert proc.stderr.splitlines()[0].startswith("deploykit: error:"), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _env_with_state(tmp_path):
+    import os
+
+    from deploykit.paths import data_root
+
+    tools = str(data_root() / "tools") if (data_root() / "tools").is_dir() else ""
+    path = os.pathsep.join(p for p in (tools, os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), PYTHONPATH=path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .boards import Board, available_boards, load_board
+from .boards import Board, available_boards, board_origin, load_board
 from .errors import ConfigError
 from .families import family_of
 from .flows import get_flow
@@ -31,8 +31,20 @@ def boards() -> list[Board]:
     return [load_board(name) for name in available_boards()]
 
 
+def boards_and_errors() -> tuple[list[Board], list[ConfigError]]:
+    """Every board on the search path that loads, and the errors of those that do not."""
+    loaded, errors = [], []
+    for name in available_boards():
+        try:
+            loaded.append(load_board(name))
+        except ConfigError as exc:
+            errors.append(exc)
+    return loaded, errors
+
+
 def describe_board(board: Board) -> str:
     lines = [f"{board.name}: {board.description}",
+             f"  from {board_origin(board)} ({board.path})",
              f"  cpu {board.cpu['core']} ({' '.join(board.cpu_flags)}), family "
              f"{board.family}, runner {board.runner['kind']}, flows "
              f"{', '.join(board.export['allowed'])}"]
@@ -103,8 +115,9 @@ def describe_program(info: ProgramInfo) -> str:
              + (f"; Method::load takes {info.method_load.method_bytes:,} B of the method "
                 f"pool and {info.method_load.temp_bytes:,} B of the temp pool (modelled, "
                 "docs/memory.md)" if info.method_load else ""),
-             "  inputs: " + ", ".join(f"{t.sizes} dtype {t.dtype}" for t in info.inputs),
-             "  outputs: " + ", ".join(f"{t.sizes} dtype {t.dtype}" for t in info.outputs)]
+             "  inputs: " + ", ".join(f"{t.dtype_name} {list(t.sizes)}" for t in info.inputs),
+             "  outputs: " + ", ".join(f"{t.dtype_name} {list(t.sizes)}"
+                                      for t in info.outputs)]
     if info.delegates:
         source = info.partition_source or "unknown (no export.json for this .pte beside it)"
         lines.append(f"  delegate blobs: {info.delegate_bytes:,} B; ops inside delegates from: "

@@ -19,6 +19,7 @@ import yaml
 
 from .errors import ConfigError
 from .flows import flow_names
+from .paths import data_root, search_dirs
 
 PLACEMENT_KINDS = ("vectors", "code", "model", "data", "stack", "heap", "pools")
 _SIZE_RE = re.compile(r"^(\d+)([KMG]?)$")
@@ -96,12 +97,24 @@ class Board:
 
 
 def repo_root() -> Path:
-    """The deploykit checkout (boards/, firmware/, cmake/, models/ live there)."""
-    return Path(__file__).resolve().parents[2]
+    """Where deploykit's own boards/, firmware/, cmake/, models/ and west.yml are: the checkout,
+    or the data bundled in an installed wheel (paths.data_root)."""
+    return data_root()
 
 
 def boards_dir() -> Path:
-    return repo_root() / "boards"
+    """The bundled board files."""
+    return data_root() / "boards"
+
+
+def board_files() -> dict[str, tuple[Path, str]]:
+    """Every board name on the search path (--boards-dir, ./boards, bundled; the first one
+    found wins) -> (its file, where it came from)."""
+    found: dict[str, tuple[Path, str]] = {}
+    for d in search_dirs("boards"):
+        for p in sorted(d.path.glob("*.yaml")):
+            found.setdefault(p.stem, (p, d.origin))
+    return found
 
 
 @cache
@@ -111,7 +124,15 @@ def _schema() -> dict[str, Any]:
 
 
 def available_boards() -> list[str]:
-    return sorted(p.stem for p in boards_dir().glob("*.yaml"))
+    return sorted(board_files())
+
+
+def board_origin(board: Board) -> str:
+    """Where a loaded board came from: "bundled", "./boards", "--boards-dir" or "path"."""
+    found = board_files().get(board.name)
+    if found and found[0].resolve() == board.path.resolve():
+        return found[1]
+    return "path"
 
 
 def load_board(name_or_path: str | Path) -> Board:
@@ -120,8 +141,9 @@ def load_board(name_or_path: str | Path) -> Board:
     if candidate.suffix in (".yaml", ".yml") and candidate.exists():
         path = candidate
     else:
-        path = boards_dir() / f"{name_or_path}.yaml"
-        if not path.exists():
+        found = board_files().get(str(name_or_path))
+        path = found[0] if found else Path()
+        if not found:
             raise ConfigError(
                 f"Unknown board '{name_or_path}'.",
                 f"Available boards: {', '.join(available_boards())}. "

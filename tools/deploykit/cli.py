@@ -7,7 +7,9 @@ the code of their failure class (deploykit.errors.ExitCode); `--debug` shows tra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,8 +18,11 @@ from . import api
 from .errors import DeployKitError, ExitCode
 from .flows import flow_names, registry
 from .jsonable import to_jsonable
+from .paths import set_user_dir
 from .profiles import DEFAULT_PROFILE, PROFILES
+from .progress import ProgressDisplay
 from .runners import runner_options
+from .thirdparty_log import route_third_party_logs
 
 _EPILOG = """\
 typical use:
@@ -29,21 +34,25 @@ typical use:
 
 
 class _Output:
-    def __init__(self, as_json: bool) -> None:
+    def __init__(self, as_json: bool, quiet: bool = False) -> None:
         self.as_json = as_json
+        self.quiet = quiet
+        # stderr: a live status line on a terminal, plain lines otherwise (progress.py).
+        self.progress = ProgressDisplay(quiet=quiet)
 
-    def progress(self, message: str) -> None:
-        # Progress goes to stderr so that --json output on stdout stays machine-readable.
-        print(f"· {message}", file=sys.stderr, flush=True)
+    def close(self) -> None:
+        self.progress.close()
 
     def result(self, payload: Any, text: str) -> None:
+        self.close()
         if self.as_json:
             print(json.dumps(to_jsonable(payload), indent=2))
         else:
             print(text)
 
 
-def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = True) -> None:
+def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = True,
+            out_default: str = "build/<board>/<model>") -> None:
     if board:
         p.add_argument("--board", required=True, help="board name from boards/ (see `deploykit "
                        "boards`) or a path to a board file")
@@ -62,57 +71,105 @@ def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = Tru
         p.add_argument("--profile", choices=list(PROFILES),
                        help="build profile (default: the board file's `profile:`, else "
                        f"{DEFAULT_PROFILE}); see `deploykit build --help` and docs/profiles.md")
-    p.add_argument("--out", type=Path, help="output directory (default build/<board>/<model>)")
-    p.add_argument("--workspace", type=Path,
-                   help="upstream sources workspace (default $DEPLOYKIT_WORKSPACE or .workspace)")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+    p.add_argument("--out", type=Path, help=f"output directory (default {out_default})")
+
+
+def _global_options(p: argparse.ArgumentParser, *, top: bool) -> None:
+    """Options every command takes, before or after the command name. Given after it, they
+    override the ones before it (the subcommand's defaults are SUPPRESS so that they do not
+    overwrite a value given before the command)."""
+    def default(value):
+        return value if top else argparse.SUPPRESS
+
+    g = p.add_argument_group("common options (before or after the command)")
+    g.add_argument("--debug", action="store_true", default=default(False),
+                   help="show tracebacks on errors, and third-party warnings")
+    g.add_argument("--json", action="store_true", default=default(False),
+                   help="print machine-readable JSON on stdout")
+    g.add_argument("-q", "--quiet", action="store_true", default=default(False),
+                   help="no progress on stderr (errors and the result still print)")
+    g.add_argument("--workspace", type=Path, default=default(None),
+                   help="upstream sources workspace (default $DEPLOYKIT_WORKSPACE, else "
+                   ".workspace in a checkout, else ~/.local/share/deploykit/workspace)")
+    g.add_argument("--boards-dir", type=Path, metavar="DIR", default=default(None),
+                   help="look for board files here first, then in ./boards, then in the "
+                   "bundled ones")
+    g.add_argument("--models-dir", type=Path, metavar="DIR", default=default(None),
+                   help="look for models here first, then in ./models, then in the bundled "
+                   "ones")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Subparsers get the common options too, so that they work after the command."""
+
+    def add_subparsers(self, **kwargs):
+        action = super().add_subparsers(**kwargs)
+        make = action.add_parser
+
+        def add_parser(name, **kw):
+            sub = make(name, **kw)
+            _global_options(sub, top=False)
+            return sub
+
+        action.add_parser = add_parser
+        return action
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="deploykit", description="Take a PyTorch model onto an Arm microcontroller with "
         "ExecuTorch, and check that it runs right.", epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("boards", help="list the boards and their memory maps")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p = sub.add_parser("boards", help="list the boards and their memory maps",
+                       description="List every board on the search path (--boards-dir, "
+                       "./boards, then the bundled boards) with its CPU, family, runner, "
+                       "flows and memory map, and the file it came from.")
 
-    p = sub.add_parser("profiles", help="list the build profiles (reference, size, speed)")
+    p = sub.add_parser("profiles", help="list the build profiles (reference, size, speed)",
+                       description="List the build profiles: what each one sets in the "
+                       "ExecuTorch runtime and firmware build, and why (docs/profiles.md).")
     p.add_argument("--cmake", metavar="PROFILE", choices=list(PROFILES),
                    help="print PROFILE's CMake -D options, for configuring firmware/ by hand")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
-    p = sub.add_parser("doctor", help="check the Python stack, toolchain, QEMU and sources")
-    p.add_argument("--workspace", type=Path, help="sources workspace to check")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p = sub.add_parser("doctor", help="check the Python stack, toolchain, QEMU and sources",
+                       description="Check the pinned Python stack (torch, executorch), the Arm "
+                       "cross toolchain, CMake, Ninja, QEMU and the upstream sources of the "
+                       "workspace, and say how to fix what is missing. Exits 4 when a check "
+                       "fails.")
 
     p = sub.add_parser("setup", help="fetch the pinned upstream sources into a workspace",
                        description="Fetch every project of west.yml into the workspace with "
                        "`west update`. Without GitHub access, give projects from local git "
                        "copies with --source NAME=PATH[@REV] (REV defaults to the pinned one).")
-    p.add_argument("--workspace", type=Path, help="where to put the sources")
     p.add_argument("--source", action="append", default=[], metavar="NAME=PATH[@REV]",
                    help="take project NAME from the local git repository PATH (repeatable)")
     p.add_argument("--group", action="append", default=[], metavar="GROUP",
-                   help="also fetch the optional projects of GROUP (pico: pico-sdk, tinyusb, "
-                   "picotool for the Pico 2) (repeatable)")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+                   help="also fetch the optional projects of GROUP (repeatable): "
+                   + _groups_help())
 
-    p = sub.add_parser("export", help="export a model to a .pte (and host reference outputs)")
+    p = sub.add_parser("export", help="export a model to a .pte (and host reference outputs)",
+                       description="Export a model for a board through its flow: <out>/export/"
+                       "model.pte, the operator list (ops.yaml), the host's reference outputs "
+                       "(reference.npz) and export.json. Needs no upstream sources.")
     _common(p)
 
     p = sub.add_parser("explore", help="open a .pte in Model Explorer (optional extra: "
-                       'pip install "deploykit[explore]")')
+                       'pip install "deploykit[explore]")',
+                       description="Open a .pte in Google's Model Explorer through Arm's "
+                       "ExecuTorch adapter, served locally.")
     p.add_argument("pte", type=Path, help="the .pte file")
     p.add_argument("--port", type=int, help="port of the local Model Explorer server")
     p.add_argument("--no-browser", action="store_true", help="serve without opening a browser")
 
     p = sub.add_parser("inspect", help="describe a .pte: segments in execution order, "
-                       "delegates with their ops and Vela scratch, CPU ops, buffers")
+                       "delegates with their ops and Vela scratch, CPU ops, buffers",
+                       description="Describe a .pte without running it: its segments in "
+                       "execution order (delegates with their ops and Vela scratch, CPU ops), "
+                       "planned buffers, constant data, and the inputs and outputs.")
     p.add_argument("pte", type=Path, help="the .pte file")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
     p = sub.add_parser("plan", help="memory plan of a model (or a .pte) on a board, checked "
                        "before compiling", description="Size every memory item (constant data, "
@@ -136,7 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     _fit_option(p)
 
     p = sub.add_parser("run", help="build, run on the board's simulator (or flash the board "
-                       "and read it over USB), compare with the host")
+                       "and read it over USB), compare with the host",
+                       description="Build the firmware, run it on the board's runner (QEMU, an "
+                       "Arm FVP, or a flashed board read over USB) and compare every output "
+                       "with the host's reference: max/mean abs error, cosine, top-1/top-5. "
+                       "Exits non-zero when they disagree.")
     _common(p)
     _fit_option(p)
     p.add_argument("--timeout", type=float, default=120.0,
@@ -151,7 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     _board_selection(p)
 
     p = sub.add_parser("flash", help="flash a built firmware onto a board (picotool, the "
-                       "BOOTSEL drive, or SWD; see the board file's flashers)")
+                       "BOOTSEL drive, or SWD; see the board file's flashers)",
+                       description="Flash a firmware built by `deploykit build` (--model) or "
+                       "a given image (--image) with the first of the board file's flashers "
+                       "that sees exactly one board.")
     _common(p, model=False)
     p.add_argument("--model", help="flash build/<board>/<model>/firmware/dk_runner (built by "
                    "`deploykit build`)")
@@ -159,21 +223,41 @@ def build_parser() -> argparse.ArgumentParser:
     _board_selection(p)
 
     p = sub.add_parser("monitor", help="find the board's serial port and print its decoded "
-                       "results (a late open loses nothing)")
-    _common(p, model=False)
+                       "results (a late open loses nothing)",
+                       description="Find the board's serial port (by its USB VID/PID, or "
+                       "--port), read one run's records and print them decoded.")
+    _common(p, model=False, out_default="build/<board>/monitor")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds to wait for the results after the port opens (default 60)")
     p.add_argument("--port", metavar="PORT",
                    help="serial port or pyserial URL (default: found by the board's USB VID/PID)")
 
     p = sub.add_parser("selftest", help="build and run the board-support self-test firmware "
-                       "(no ExecuTorch needed)")
-    _common(p, model=False)
+                       "(no ExecuTorch needed)",
+                       description="Build and run the board-support self-test firmware: "
+                       "startup, UART, timer, exit and the result protocol, without ExecuTorch "
+                       "(no `deploykit setup` needed).")
+    _common(p, model=False, out_default="build/<board>/selftest-<variant>")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
     p.add_argument("--variant", choices=["ok", "fault", "stack-overflow", "error"],
                    default="ok", help="make the firmware fault or report an error on purpose, "
                    "and check that the host classifies the run exactly so (default ok)")
     return parser
+
+
+def _groups_help() -> str:
+    """The optional project groups of west.yml and their projects, for `setup --group`."""
+    from .sources import read_manifest
+
+    try:
+        groups: dict[str, list[str]] = {}
+        for project in read_manifest():
+            if project.optional:
+                for g in project.groups:
+                    groups.setdefault(g, []).append(project.name)
+    except (OSError, KeyError, TypeError):
+        return "see west.yml"
+    return "; ".join(f"{g}: {', '.join(names)}" for g, names in sorted(groups.items()))
 
 
 def _profiles_help() -> str:
@@ -219,9 +303,12 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
             out.result(list(PROFILES.values()), _profiles_help())
         return 0
     if cmd == "boards":
-        boards = api.boards()
-        out.result(boards, "\n".join(api.describe_board(b) for b in boards))
-        return 0
+        boards, broken = api.boards_and_errors()
+        for error in broken:  # a user's broken board file does not hide the others
+            print(f"deploykit: error: {error}", file=sys.stderr)
+        payload = [{**to_jsonable(b), "origin": api.board_origin(b)} for b in boards]
+        out.result(payload, "\n".join(api.describe_board(b) for b in boards))
+        return int(ExitCode.CONFIG) if broken else 0
     if cmd == "doctor":
         checks = api.doctor(args.workspace)
         lines = [f"{('warn' if c.warning else 'ok  ') if c.ok else 'NO  '} {c.name:<19} "
@@ -286,22 +373,45 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        return _main(argv)
+    except BrokenPipeError:
+        # `deploykit boards | head -1`: the reader went away; say nothing more. Python would
+        # report the pipe again when it flushes stdout at exit, so point stdout at devnull.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command a pipe closed on
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
         parser = build_parser()  # lists the installed flows: a broken extension stops here
     except DeployKitError as exc:
         print(f"deploykit: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)
     args = parser.parse_args(argv)
-    out = _Output(getattr(args, "json", False))
+    route_third_party_logs(debug=args.debug)
+    out = _Output(args.json, quiet=args.quiet)
+    for kind in ("boards", "models"):
+        path = getattr(args, f"{kind}_dir")
+        if path is not None and not path.is_dir():
+            print(f"deploykit: error: --{kind}-dir {path} is not a directory.",
+                  file=sys.stderr)
+            return int(ExitCode.CONFIG)
+        set_user_dir(kind, path)
     try:
         return _dispatch(args, out)
     except DeployKitError as exc:
+        out.close()
         if args.debug:
             raise
         print(f"deploykit: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:
+        out.close()
         print("deploykit: interrupted", file=sys.stderr)
         return 130
+    finally:
+        out.close()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,7 +61,10 @@ def cmake_build(source_dir: Path, build_dir: Path, definitions: dict[str, str],
     log = build_dir / log_name
     build_dir.mkdir(parents=True, exist_ok=True)
     log.write_text("")
-    defs = {"CMAKE_TOOLCHAIN_FILE": str(toolchain_file), **definitions}
+    # The Python the build's code generators run on: deploykit's own (the .venv, which need
+    # not be on PATH), not whichever python3 CMake would find first.
+    defs = {"CMAKE_TOOLCHAIN_FILE": str(toolchain_file), "PYTHON_EXECUTABLE": sys.executable,
+            **definitions}
     args = [f"-D{k}={v}" for k, v in sorted(defs.items())]
     stamp = build_dir / "deploykit-configure.args"
     t0 = time.monotonic()

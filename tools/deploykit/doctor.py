@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -45,16 +46,22 @@ def _tool_version(tool: str, args: tuple[str, ...] = ("--version",)) -> str | No
     return m.group(0) if m else first
 
 
+def _pip() -> str:
+    """pip of the Python deploykit runs on (the checkout's .venv after scripts/install)."""
+    return f"{sys.executable} -m pip install"
+
+
 def _python_package(name: str) -> Check:
     try:
         version = metadata.version(name)
     except metadata.PackageNotFoundError:
         return Check(name, False, "not installed",
-                     f"pip install {name}=={PINNED[name]} (torch first, pinned)", "export")
+                     f"scripts/install in a checkout, or {_pip()} {name}=={PINNED[name]} "
+                     "(torch first, pinned)", "export")
     base = version.split("+")[0]
     ok = base == PINNED[name]
     return Check(name, ok, version,
-                 "" if ok else f"pip install {name}=={PINNED[name]}", "export")
+                 "" if ok else f"{_pip()} {name}=={PINNED[name]}", "export")
 
 
 def run_checks(workspace: Path | None = None) -> list[Check]:

@@ -23,6 +23,7 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,14 +109,15 @@ def _ops_from_yaml(text: bytes | str) -> list[str]:
 def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
            settings: dict[str, Any] | None = None,
            input_sets: list[tuple[Any, ...]] | None = None,
-           options: ExportOptions | None = None) -> ExportResult:
+           options: ExportOptions | None = None,
+           on_step: Callable[[str], None] | None = None) -> ExportResult:
     """Export `spec` through `flow` (a name of the flow registry) into `out_dir` (see the
     module docstring).
 
     `settings`: the flow's target settings (`Flow.target_settings(board)`; for ethos_u_int8
     the board's NPU: its `npu:` section with any --npu-macs / --npu-memory-mode override
     applied, or `NpuConfig.export_settings()`). `options`: the build profile's export choices
-    (default: folded constants, float I/O).
+    (default: folded constants, float I/O). `on_step`: told the name of each step as it starts.
 
     Raises ConfigError for a bad flow/CPU, ExportError (with `log_path` to a full traceback)
     when a step fails. On failure no `.pte` (nor any other output but the error log) is left.
@@ -132,7 +134,7 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
     outputs = (REPORT_NAME, PTE_NAME, OPS_YAML_NAME, REFERENCE_NAME)
     _remove_outputs(out_dir, outputs + (ERROR_LOG_NAME,))  # never leave a stale mix behind
 
-    st = Stages(flow, spec.name)
+    st = Stages(flow, spec.name, on_step)
     t_start = time.perf_counter()
     try:
         with warnings.catch_warnings():

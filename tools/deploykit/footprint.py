@@ -67,18 +67,19 @@ class Footprint:
         return sum(b.peak or 0 for b in self.ram)
 
     def table(self) -> str:
-        lines = [self.title, f"  {'flash':<30}{'bytes':>11}{'share':>8}"]
+        w = max([30, *(len(n) + 1 for n, _ in self.flash), *(len(b.name) + 1 for b in self.ram)])
+        lines = [self.title, f"  {'flash':<{w}}{'bytes':>11}{'share':>8}"]
         total = self.flash_total or 1
         for name, size in self.flash:
-            lines.append(f"  {name:<30}{size:>11,}{100 * size / total:>7.1f}%")
-        lines.append(f"  {'total':<30}{self.flash_total:>11,}")
-        lines.append(f"  {'RAM':<30}{'size':>11}{'peak':>11}{'use':>7}")
+            lines.append(f"  {name:<{w}}{size:>11,}{100 * size / total:>7.1f}%")
+        lines.append(f"  {'total':<{w}}{self.flash_total:>11,}")
+        lines.append(f"  {'RAM':<{w}}{'size':>11}{'peak':>11}{'use':>7}")
         for b in self.ram:
             peak = f"{b.peak:>11,}" if b.peak is not None else f"{'?':>11}"
             use = f"{100 * b.use:>6.0f}%" if b.use is not None else f"{'':>7}"
-            lines.append(f"  {b.name:<30}{b.size:>11,}{peak}{use}")
+            lines.append(f"  {b.name:<{w}}{b.size:>11,}{peak}{use}")
         need = self.need
-        lines.append(f"  {'total':<30}{self.ram_total:>11,}"
+        lines.append(f"  {'total':<{w}}{self.ram_total:>11,}"
                      + (f"{need:>11,}  ({self.ram_total / need:.2f}x the need)" if need
                         else ""))
         if self.static_by_component:

@@ -24,7 +24,14 @@ from typing import Any
 from .errors import ConfigError
 from .flows.ethos_u_int8 import ETHOS_U_BACKEND
 from .method_memory import MethodLoad, model_method_load
-from .pte_reader import io_tensor, load_program, method_plan, operator_names, planned_buffers
+from .pte_reader import (
+    io_tensor,
+    load_program,
+    method_plan,
+    operator_names,
+    planned_buffers,
+    scalar_type_name,
+)
 
 # CPU ops that only convert between the float model I/O and the int8 the NPU works in.
 QDQ_OPS = ("cortex_m::quantize_per_tensor", "cortex_m::dequantize_per_tensor",
@@ -36,6 +43,11 @@ QDQ_OPS = ("cortex_m::quantize_per_tensor", "cortex_m::dequantize_per_tensor",
 class TensorInfo:
     dtype: int  # ExecuTorch ScalarType code
     sizes: tuple[int, ...]
+
+    @property
+    def dtype_name(self) -> str:
+        """The dtype as users know it: "float32", "int8" (not the code 6, 1)."""
+        return scalar_type_name(self.dtype)
 
 
 @dataclass(frozen=True)

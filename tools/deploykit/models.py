@@ -55,12 +55,30 @@ def models_dir(repo_root: Path) -> Path:
     return Path(repo_root) / MODELS_DIR
 
 
+def model_dirs(repo_root: Path) -> list[Path]:
+    """Where a model name is looked up, first match wins: --models-dir, ./models, then the
+    bundled models of `repo_root` (paths.search_dirs)."""
+    from .paths import search_dirs
+
+    dirs = [d.path for d in search_dirs("models") if d.origin != "bundled"]
+    bundled = models_dir(repo_root)
+    return [*(d for d in dirs if d != bundled.resolve()), bundled]
+
+
+def model_files(repo_root: Path) -> dict[str, Path]:
+    """Every model name on the search path -> its file (files starting with `_` left out)."""
+    found: dict[str, Path] = {}
+    for d in model_dirs(repo_root):
+        if d.is_dir():
+            for p in sorted(d.glob("*.py")):
+                if not p.name.startswith("_"):
+                    found.setdefault(p.stem, p)
+    return found
+
+
 def list_models(repo_root: Path) -> list[str]:
-    """Names of the bundled models (`models/*.py`, leaving out files starting with `_`)."""
-    d = models_dir(repo_root)
-    if not d.is_dir():
-        return []
-    return sorted(p.stem for p in d.glob("*.py") if not p.name.startswith("_"))
+    """Names of the models on the search path (`models/*.py`, leaving out `_*.py`)."""
+    return sorted(model_files(repo_root))
 
 
 def describe_model(path: Path) -> str:
@@ -102,8 +120,8 @@ def resolve_model_path(name_or_path: str, repo_root: Path) -> tuple[str, Path]:
     if not _NAME_RE.match(name_or_path):
         raise ConfigError(f"'{name_or_path}' is not a valid model name.",
                           f"Use one of: {_available_text(repo_root)}, or a path ending in .py.")
-    path = models_dir(repo_root) / f"{name_or_path}.py"
-    if not path.is_file():
+    path = model_files(repo_root).get(name_or_path)
+    if path is None:
         raise ConfigError(f"Unknown model '{name_or_path}'.",
                           f"Available models: {_available_text(repo_root)}. "
                           "Or pass the path of your own model file (e.g. ./my_model.py).")

@@ -129,10 +129,11 @@ class MemoryPlan:
         """Per item: region, bytes, source; per region: used, available, headroom."""
         lines = []
         if items:
-            lines.append(f"  {'item':<34}{'region':<9}{'bytes':>11}  source")
+            w = max([34, *(len(i.name) + 1 for i in self.items)])
+            lines.append(f"  {'item':<{w}}{'region':<9}{'bytes':>11}  source")
             for i in self.items:
                 size = f"{i.size:>11,}" if i.kind != "info" else f"{'-':>11}"
-                lines.append(f"  {i.name:<34}{i.region or '-':<9}{size}  {i.source}"
+                lines.append(f"  {i.name:<{w}}{i.region or '-':<9}{size}  {i.source}"
                              + (f": {i.detail}" if i.detail else ""))
         lines.append(f"  {'region':<12}{'used':>12}{'available':>14}{'headroom':>14}")
         for r in self.regions:

@@ -21,6 +21,11 @@ _SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "
                  28: "uint32", 29: "uint64"}
 
 
+def scalar_type_name(code: int) -> str:
+    """ExecuTorch ScalarType code -> numpy dtype name (6 -> "float32")."""
+    return _SCALAR_TYPES.get(code, f"scalar_type_{code}")
+
+
 def load_program(data: bytes, source: str) -> Any:
     """The deserialized program (executorch.exir.schema.Program) of `.pte` bytes; `source`
     names them in the error."""
@@ -84,7 +89,7 @@ def io_tensor(plan: Any, index: int, source: str) -> PteTensor:
                           f"({type(v).__name__}).",
                           "deploykit supports tensor inputs and outputs only.")
     st = int(v.scalar_type)
-    return PteTensor(dtype=_SCALAR_TYPES.get(st, f"scalar_type_{st}"),
+    return PteTensor(dtype=scalar_type_name(st),
                      sizes=[int(s) for s in v.sizes], dim_order=[int(d) for d in v.dim_order],
                      scalar_type=st)
 

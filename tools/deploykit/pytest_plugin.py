@@ -40,7 +40,7 @@ class Deployment:
     board: Board
     result: RunRecords
     log_path: Path
-    report: Any = None  # pipeline.RunReport for models, selftest.SelftestReport for selftest
+    report: Any = None  # run_report.RunReport for models, selftest.SelftestReport for selftest
 
     def expect(self, what: str) -> Any:
         """The first record of type `what`, or the first log/console line matching regex `what`."""

@@ -74,7 +74,9 @@ _LTO_NAMESPACES = (
 )
 _LTO_C_PREFIXES = (
     # Ethos-U firmware: Arm's driver (C), ExecuTorch's backend (its C symbols), the runner's glue
-    *((p, "NPU driver") for p in ("ethosu_", "ETHOSU_PMU_", "eventbyid", "pmu_event_")),
+    # (the driver's ethosu_mutex_create hands out a static mutex_placeholder)
+    *((p, "NPU driver") for p in ("ethosu_", "ETHOSU_PMU_", "eventbyid", "pmu_event_",
+                                  "mutex_placeholder")),
     *((p, "Ethos-U backend") for p in ("executorch_delegate_EthosUBackend",
                                         "arm_ethos_io_memcpy")),
     *((p, "runner") for p in ("dk_npu_", "EthosUBackend_execute_")),
@@ -332,7 +334,8 @@ def size_report(map_file: Path, elf: Path | None = None) -> SizeReport:
         in_flash, in_ram = takes(output)
         if in_flash:
             flash[comp] += size
-        if in_ram and comp != "pools" and output not in (".stack", ".heap"):
+        # The reserved blocks (pools, stack, heap) are counted below, alignment included.
+        if in_ram and output not in (".stack", ".heap", *POOL_SECTIONS):
             ram[comp] += size
     # The reserved blocks by what they are.
     pools_total = sum(report.sections.get(s, 0) for s in POOL_SECTIONS)

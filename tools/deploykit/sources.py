@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -25,9 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from .boards import repo_root
 from .errors import ConfigError, EnvironmentProblem
 from .fsutil import write_atomic
+from .paths import data_root, default_workspace
 
 STATE_FILE = "deploykit-sources.json"
 WORKSPACE_ENV = "DEPLOYKIT_WORKSPACE"
@@ -101,7 +102,7 @@ class Workspace:
 
 
 def manifest_path() -> Path:
-    return repo_root() / "west.yml"
+    return data_root() / "west.yml"
 
 
 def read_manifest(path: Path | None = None) -> list[Project]:
@@ -122,12 +123,13 @@ def read_manifest(path: Path | None = None) -> list[Project]:
 
 
 def workspace_dir(explicit: Path | None = None) -> Path:
-    """--workspace, else $DEPLOYKIT_WORKSPACE, else `.workspace` in the checkout."""
+    """--workspace, else $DEPLOYKIT_WORKSPACE, else paths.default_workspace() (`.workspace`
+    in a checkout)."""
     if explicit:
         return Path(explicit).resolve()
     if os.environ.get(WORKSPACE_ENV):
         return Path(os.environ[WORKSPACE_ENV]).resolve()
-    return repo_root() / ".workspace"
+    return default_workspace()
 
 
 def load_workspace(explicit: Path | None = None) -> Workspace:
@@ -217,7 +219,10 @@ def _extract(repo: Path, commit: str, dest: Path) -> list[str]:
                 f"{res.stderr.decode(errors='replace').strip()}",
                 "Check that the path is a git repository holding that revision.")
         with tarfile.open(archive) as tar:
-            tar.extractall(tmp, filter="tar")
+            if hasattr(tarfile, "tar_filter"):
+                tar.extractall(tmp, filter="tar")
+            else:  # Python before 3.11.4 (Debian 12's 3.11.2): no extraction filters yet
+                tar.extractall(tmp)  # our own git archive of the pinned revision
     finally:
         archive.unlink(missing_ok=True)
     # Nested projects (submodule paths) that live inside dest are kept across re-extraction
@@ -404,7 +409,9 @@ def _west_update(root: Path, projects: list[Project], progress: Callable[[str], 
     hint = ("Without GitHub access, give each project from a local git copy (a clone or bare "
             f"repository of it, anywhere on this machine):\n  deploykit setup \\\n{how}\n"
             f"Upstream repositories:\n{where}")
-    west = shutil.which("west")
+    # Beside deploykit's Python first: the .venv's bin/ need not be on PATH.
+    beside = Path(sys.executable).parent / "west"
+    west = str(beside) if beside.is_file() else shutil.which("west")
     if west is None:
         raise EnvironmentProblem(
             f"west is not installed, so {', '.join(names)} cannot be fetched.",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, DeployKitError, ExportError
@@ -38,14 +38,18 @@ def parse_cpu(cpu: str) -> tuple[str, str | None]:
 class Stages:
     """Times named steps and turns their exceptions into ExportError naming the step."""
 
-    def __init__(self, flow: str, model: str) -> None:
+    def __init__(self, flow: str, model: str,
+                 on_step: Callable[[str], None] | None = None) -> None:
         self.flow = flow
         self.model = model
         self.timings: dict[str, float] = {}
         self.failed_traceback: str | None = None
+        self.on_step = on_step  # told each step's name as it starts (the live status line)
 
     @contextlib.contextmanager
     def step(self, name: str, hint: str = "") -> Iterator[None]:
+        if self.on_step is not None:
+            self.on_step(name)
         t0 = time.perf_counter()
         try:
             yield

@@ -1,0 +1,65 @@
+"""The repository stands on its own: no file cites notes outside it or a path of the machine it
+was written on."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from deploykit.paths import checkout_root
+
+THIS_FILE = "tests/unit/test_repository.py"
+
+
+def _tracked_text_files():
+    root = checkout_root()
+    if root is None or shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout (installed deploykit, or git missing)")
+    names = subprocess.run(["git", "-C", str(root), "ls-files"], capture_output=True,
+                           text=True, check=True).stdout.split()
+    for name in names:
+        path = root / name
+        try:
+            yield name, path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue
+
+
+def test_no_file_cites_notes_outside_the_repository():
+    offenders = [name for name, text in _tracked_text_files()
+                 if name != THIS_FILE
+                 and ("FIELD-NOTES" in text or "../shared" in text)]
+    assert offenders == []
+
+
+def test_no_file_names_a_path_of_the_authors_machine():
+    marks = ("/work/", "/root/", "/opt/wheels", "/opt/pypi")
+    offenders = [name for name, text in _tracked_text_files()
+                 if name != THIS_FILE and any(m in text for m in marks)]
+    assert offenders == []
+
+
+def test_ci_runs_the_readme_test_command_with_the_distribution_python():
+    root = checkout_root()
+    if root is None:
+        pytest.skip("installed deploykit: no README or .ci/run")
+    readme = (root / "README.md").read_text()
+    ci = (root / ".ci" / "run").read_text()
+    command = ".venv/bin/python -m pytest -q --board qemu-an547"
+    assert f"scripts/install && {command}" in readme
+    assert "PYTHON=/usr/bin/python3 scripts/install" in ci and command in ci
+
+
+def test_install_script_parses_and_explains_itself():
+    root = checkout_root()
+    if root is None or shutil.which("bash") is None:
+        pytest.skip("installed deploykit, or no bash")
+    script = root / "scripts" / "install"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    res = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0
+    for word in ("--torch-index", "--no-link", "PYTHON=", "PEP 668", ".venv"):
+        assert word in res.stdout, word
+    assert "set -euo" not in res.stdout
