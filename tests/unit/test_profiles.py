@@ -119,10 +119,24 @@ def test_reference_compiles_soft_float_except_on_mve_cores():
     assert PROFILES["size"].board_for(load_board("qemu-an505")).cpu["float_abi"] == "hard"
 
 
-def test_lean_libc_only_where_deploykit_owns_the_c_runtime():
-    size = PROFILES["size"]
-    assert size.cmake_definitions(load_board("qemu-an505"))["DK_LEAN_LIBC"] == "ON"
-    assert size.cmake_definitions(load_board("pico2"))["DK_LEAN_LIBC"] == "OFF"
+def test_the_pico_gets_the_size_profile_like_the_mps_boards():
+    # The proxy (qemu-an505 built with the Pico's flags) must see the Pico's options: the same
+    # definitions for both, LTO and the lean libc included (firmware/pico keeps the SDK's own
+    # sources out of LTO and its printf wrappers and operator new/delete).
+    size, reference = PROFILES["size"], PROFILES["reference"]
+    for board in ("qemu-an505", "pico2", "pico2-uart"):
+        defs = size.cmake_definitions(load_board(board))
+        assert (defs["DK_LEAN_LIBC"], defs["DK_LTO"], defs["DK_ET_LOGGING"]) == ("ON", "ON", "OFF")
+        ref = reference.cmake_definitions(load_board(board))
+        assert (ref["DK_LEAN_LIBC"], ref["DK_LTO"]) == ("OFF", "OFF")
+
+
+def test_a_family_without_lto_turns_it_off(monkeypatch):
+    from deploykit.families import get_family
+
+    monkeypatch.setattr(type(get_family("rp2350")), "supports_lto", False)
+    assert PROFILES["size"].cmake_definitions(load_board("pico2"))["DK_LTO"] == "OFF"
+    assert PROFILES["size"].cmake_definitions(load_board("qemu-an505"))["DK_LTO"] == "ON"
 
 
 def test_fixed_pools_pad_the_first_planned_buffer():

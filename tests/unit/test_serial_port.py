@@ -29,6 +29,7 @@ from serial.tools.list_ports_common import ListPortInfo
 from deploykit.boards import load_board, repo_root
 from deploykit.errors import ConfigError, ExitCode, RunError
 from deploykit.protocol import DoneStatus
+from deploykit.protocol.budget import transcript_bytes
 from deploykit.runners import RUNNERS, runner_for_board
 from deploykit.runners.serial_port import (
     ACK,
@@ -191,13 +192,16 @@ int main(int argc, char **argv) {
 
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory) -> dict[str, Path]:
-    """The stand-in, built with the default transcript and with a 1 KiB one (overflow)."""
+    """The stand-in, built with the transcript the runner would get for its output (10 floats,
+    [1, 10]: protocol/budget.py, as DK_RESULT_BYTES), with one sized for 2,000 floats, and with
+    a 1 KiB one (overflow)."""
     d = tmp_path_factory.mktemp("standin")
     src = d / "standin.c"
     src.write_text(STANDIN_C)
     fw = repo_root() / "firmware"
     built = {}
-    for name, transcript in (("default", 16384), ("small", 1024)):
+    for name, transcript in (("default", transcript_bytes([(40, 2)])),
+                             ("sized2000", transcript_bytes([(8000, 2)])), ("small", 1024)):
         exe = d / f"standin-{name}"
         cmd = [CC, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror",
                f"-DDK_LINK_TRANSCRIPT_BYTES={transcript}", "-DDK_LINK_REPEAT_MS=300",
@@ -326,6 +330,23 @@ def test_transcript_overflow_waits_for_the_host_then_streams(standin):
     assert 0 not in again.records.tensors
     code, stats = dev.finish()
     assert stats["overflow"] > 0
+
+
+def test_a_transcript_sized_from_the_model_holds_the_whole_run(standin):
+    # The runner's transcript is what its run sends plus room for a failure, no more: far
+    # below the old fixed 16 KiB, and a late host still gets everything, twice, no overflow.
+    assert transcript_bytes([(40, 2)]) < 2048
+    assert transcript_bytes([(8000, 2)]) < 8000 + 2048
+    dev = Device(standin["sized2000"], "floats=2000", "exit_on_ack=0", "max_ms=4000")
+    time.sleep(0.5)  # the run is over before the port is opened
+    first = read(dev.path)
+    assert first.records.outcome().exit_code == ExitCode.OK
+    assert first.records.tensors[0].data.size == 2000
+    again = read(dev.path)  # a second session gets the whole run again from the transcript
+    assert again.records.outcome().exit_code == ExitCode.OK
+    np.testing.assert_array_equal(again.records.tensors[0].data, first.records.tensors[0].data)
+    code, stats = dev.finish()
+    assert stats["overflow"] == 0 and stats["requests"] == 2
 
 
 def test_fault_reboot_port_goes_away_and_the_saved_report_is_served(standin, tmp_path):

@@ -99,11 +99,26 @@ class FitRecord:
     et_runtime: str = ""  # the runtime cache key the measured firmware reported (hello)
     inputs_sha256: str = ""
     margins: dict[str, str] = field(default_factory=lambda: dict(MARGINS))
+    # Where the peaks come from: "" or "measured on <board>" (the board itself), or
+    # "measured on <proxy> (proxy: ...)" (proxy.py), and the stack the board's own runtime
+    # adds beyond the proxy's peak (its `proxy.extra_stack`, in the fitted stack).
+    measured_on: str = ""
+    extra_stack: int = 0
+    parity: str = ""  # the measurement run's outputs against the host reference
+
+    @property
+    def source(self) -> str:
+        """What the memory table says about these peaks."""
+        where = self.measured_on or "measured on the target"
+        return where + (f", stack + {self.extra_stack:,} B for {self.board}'s own runtime"
+                        if self.extra_stack else "")
 
     def sizing(self) -> Sizing:
         f = self.fitted
         return Sizing(method_pool=f["method_pool"], temp_pool=f["temp_pool"],
-                      stack=f["stack"], heap=f["heap"], source="fit", peaks=dict(self.peaks))
+                      stack=f["stack"], heap=f["heap"], source="fit", peaks=dict(self.peaks),
+                      note=self.measured_on if "proxy" in self.measured_on else "",
+                      extra_stack=self.extra_stack)
 
     @property
     def need(self) -> int:
@@ -159,7 +174,21 @@ def fit_options(program: ProgramInfo, board: Board,
     return {"pte_sha256": program.sha256, "executorch": _executorch_version(),
             "compiler": _compiler_version(), "cpu_flags": board.cpu_flags,
             "family": board.family, "build_options": dict(sorted((build_options or {}).items())),
-            "firmware_sources": firmware_sources_hash(family_of(board))}
+            "firmware_sources": firmware_sources_hash(family_of(board)),
+            **_proxy_options(board)}
+
+
+def _proxy_options(board: Board) -> dict[str, Any]:
+    """A board with a proxy (proxy.py) may be measured there: the proxy's name, the stack added
+    for the board's own runtime and the proxy family's firmware sources are in the key too."""
+    section = board.raw.get("proxy")
+    if not section:
+        return {}
+    from .boards import load_board
+
+    proxy = load_board(section["board"])
+    return {"proxy": {"board": proxy.name, "extra_stack": section["extra_stack"],
+                      "firmware_sources": firmware_sources_hash(family_of(proxy))}}
 
 
 def fit_key(options: Mapping[str, Any]) -> str:
@@ -230,7 +259,10 @@ def measurement_sizing(board: Board, program: ProgramInfo, headroom: int) -> Siz
 
 def record_from_run(key: str, options: Mapping[str, Any], board: Board, flow: str,
                     memory: Mapping[str, tuple[int, int]],
-                    hello: Mapping[str, str] | None) -> FitRecord:
+                    hello: Mapping[str, str] | None, *, measured_on: str = "",
+                    extra_stack: int = 0) -> FitRecord:
+    """The record of one successful measurement run. `extra_stack` (a proxy's) is added to the
+    fitted stack, after the margin."""
     missing = [k for k in POOLS if k not in memory]
     if missing:
         raise MemoryPlanError(
@@ -240,12 +272,14 @@ def record_from_run(key: str, options: Mapping[str, Any], board: Board, flow: st
     peaks = {k: int(memory[k][0]) for k in POOLS}
     fitted = {"method_pool": fitted_pool(peaks["method_pool"]),
               "temp_pool": fitted_pool(peaks["temp_pool"]),
-              "stack": fitted_stack(peaks["stack"]), "heap": fitted_heap(peaks["heap"])}
+              "stack": fitted_stack(peaks["stack"]) + align(extra_stack),
+              "heap": fitted_heap(peaks["heap"])}
     hello = hello or {}
     return FitRecord(key=key, board=board.name, flow=flow, options=dict(options), peaks=peaks,
                      measured_with={k: int(memory[k][1]) for k in POOLS}, fitted=fitted,
                      et_runtime=hello.get("et_runtime", ""),
-                     inputs_sha256=hello.get("inputs_sha256", ""))
+                     inputs_sha256=hello.get("inputs_sha256", ""), measured_on=measured_on,
+                     extra_stack=align(extra_stack))
 
 
 @dataclass(frozen=True)
@@ -257,21 +291,27 @@ class MeasureAttempt:
     hello: Mapping[str, str] | None
     failure: str | None = None  # the cause, when the run failed
     pool_too_small: str | None = None  # the pool the device named (done status 3)
+    parity: str = ""  # the run's outputs against the host reference, when it passed
 
 
 def measure(board: Board, program: ProgramInfo, flow: str, key: str,
             options: Mapping[str, Any], sizing: Sizing,
             build_and_run: Callable[[Sizing], MeasureAttempt],
-            progress: Callable[[str], None]) -> FitRecord:
+            progress: Callable[[str], None], *, run_board: Board | None = None,
+            measured_on: str = "", extra_stack: int = 0) -> FitRecord:
     """Run with `sizing` (doubling a pool the device says is too small, up to 3 runs) and
-    return the record of the first successful run."""
+    return the record of the first successful run. `run_board` is the board the measurement
+    runs on when it is not `board` (a proxy, proxy.py)."""
+    runs_on = run_board or board
     for attempt in range(1, MEASURE_ATTEMPTS + 1):
         progress(f"measuring on the target (run {attempt}): method pool "
                  f"{sizing.method_pool:,} B, temp pool {sizing.temp_pool:,} B, stack "
-                 f"{board.stack_size:,} B, heap {board.heap_size:,} B")
+                 f"{runs_on.stack_size:,} B, heap {runs_on.heap_size:,} B")
         result = build_and_run(sizing)
         if result.failure is None:
-            return record_from_run(key, options, board, flow, result.memory, result.hello)
+            record = record_from_run(key, options, board, flow, result.memory, result.hello,
+                                     measured_on=measured_on, extra_stack=extra_stack)
+            return dataclasses.replace(record, parity=result.parity)
         pool = result.pool_too_small
         if pool in ("method_pool", "temp_pool") and attempt < MEASURE_ATTEMPTS:
             sizing = dataclasses.replace(sizing, **{pool: 2 * getattr(sizing, pool)})

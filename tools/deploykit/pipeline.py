@@ -30,6 +30,7 @@ import numpy as np
 from . import fit as fitting
 from .boards import Board, repo_root
 from .errors import (
+    ConfigError,
     ExitCode,
     MemoryPlanError,
 )
@@ -47,6 +48,7 @@ from .models import load_model, resolve_model_path
 from .plan import MemoryPlan, Sizing, plan_memory
 from .profiles import BuildProfile, resolve_profile
 from .protocol import RunRecords
+from .proxy import MeasureTarget, measure_target, measurement_dirs
 from .render import ModelSources, render_board_files, render_model_files
 from .run_report import (
     RunReport,
@@ -295,20 +297,33 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
         **flow_definitions,
     }
 
-    def compile_with(plan: MemoryPlan) -> Firmware:
+    def compile_with(plan: MemoryPlan, target: MeasureTarget | None = None) -> Firmware:
         """Render the generated files for `plan` (pool sizes; a fitted stack and heap override
-        the board file's) and build."""
-        sized = _sized_board(board, plan)
-        render_board_files(sized, generated, _stack_heap_source(board, plan), plan=plan)
+        the board file's) and build; for `target`'s board when measuring on a proxy (its own
+        family and directories, the same runtime options)."""
+        build_board, build_family, defs = board, family, definitions
+        gen_dir, build_dir = generated, out / "firmware"
+        if target is not None and target.proxy is not None:
+            build_board, build_family = target.board, family_of(target.board)
+            gen_dir, build_dir = measurement_dirs(out, target)
+            defs = {k: v for k, v in definitions.items()
+                    if k not in family.build_definitions(board, ws)}
+            defs.update(build_family.build_definitions(build_board, ws))
+        sized = _sized_board(build_board, plan)
+        where = planned.fit.source if planned.fit is not None and target is None else ""
+        render_board_files(sized, gen_dir, _stack_heap_source(build_board, plan, where),
+                           plan=plan)
         render_model_files(ModelSources(
             pte=exported.pte_path.read_bytes(), input_sets=input_sets,
             expected_outputs=exported.reference_sets[0], plan=plan, et_commit=et_commit,
             build_info=f"flow={flow} cpu={board.cpu['core']} profile={profile.name}"),
-            generated)
-        return family.build_image(sized, generated, out / "firmware", "runner", definitions,
-                           progress=progress)
+            gen_dir)
+        return build_family.build_image(sized, gen_dir, build_dir, "runner", defs,
+                                        progress=progress)
 
-    if fit and planned.fit is None and profile.memory != "fixed":
+    if fit and profile.memory != "fixed" and (planned.fit is None
+                                              or _remeasure_on_board(board, planned.fit,
+                                                                     runner_options)):
         planned = _measure(board, flow, out, planned, compile_with, runner_options, workspace,
                            timeout, progress)
     progress(f"building the firmware, profile {profile.name} (the ExecuTorch runtime is cached "
@@ -328,46 +343,95 @@ def _sized_board(board: Board, plan: MemoryPlan) -> Board:
         heap_size=plan.heap_size if plan.heap_size is not None else board.heap_size)
 
 
-def _stack_heap_source(board: Board, plan: MemoryPlan) -> str:
+def _stack_heap_source(board: Board, plan: MemoryPlan, where: str = "") -> str:
     if plan.stack_size is None and plan.heap_size is None:
         return f"the board file {board.path.name}"
     p = plan.peaks
-    return (f"deploykit build --fit, measured: stack peak {p.get('stack', 0):,} B, heap peak "
-            f"{p.get('heap', 0):,} B, plus margin (fit.py); board file defaults "
+    return (f"deploykit build --fit, {where or 'measured'}: stack peak {p.get('stack', 0):,} "
+            f"B, heap peak {p.get('heap', 0):,} B, plus margin (fit.py); board file defaults "
             f"{board.stack_size:,} / {board.heap_size:,} B")
 
 
+def _remeasure_on_board(board: Board, record: fitting.FitRecord,
+                        runner_options: dict | None) -> bool:
+    """--fit with a stored proxy measurement measures again when the board itself is there."""
+    if not record.measured_on or board.name in record.measured_on.split(" (")[0]:
+        return False
+    from .errors import EnvironmentProblem
+
+    try:
+        runner_for_board(board, **{k: v for k, v in (runner_options or {}).items()
+                                   if v is not None}).check_environment()
+    except (EnvironmentProblem, ConfigError):
+        return False
+    return True
+
+
 def _measure(board: Board, flow: str, out: Path, planned: PlannedModel,
-             compile_with: Callable[[MemoryPlan], Firmware], runner_options: dict | None,
-             workspace: Path | None, timeout: float, progress: Progress) -> PlannedModel:
-    """Build with generous pools, run once, store the peaks (fit.json), re-plan from them."""
+             compile_with: Callable[[MemoryPlan, MeasureTarget | None], Firmware],
+             runner_options: dict | None, workspace: Path | None, timeout: float,
+             progress: Progress) -> PlannedModel:
+    """Build with generous pools, run once (on the board, or on its proxy when it is not
+    attached: proxy.py), store the peaks (fit.json), re-plan from them."""
     program = planned.program
     pools = board.placement["pools"]
     headroom = next((r.headroom for r in planned.plan.regions if r.region == pools), 0)
-    runner = runner_for_board(board, **resolve_runner_options(board, runner_options, workspace,
-                                                       progress))
+    target = measure_target(board, resolve_runner_options(board, runner_options, workspace,
+                                                          progress), progress)
+    runner, run_board = target.runner, target.board
+    run_out = out / "fit" / "proxy" if target.proxy else out / "fit"
 
     def build_and_run(sizing: Sizing) -> fitting.MeasureAttempt:
-        firmware = compile_with(plan_memory(board, program, sizing=sizing))
-        progress(f"running on {runner.kind} to measure ({out / 'fit' / 'run'})")
-        result = runner.run(firmware.elf, out / "fit", timeout_s=timeout, check=False)
+        firmware = compile_with(plan_memory(run_board, program, sizing=sizing), target)
+        progress(f"running on {runner.kind} ({run_board.name}) to measure "
+                 f"({run_out / 'run'})")
+        result = runner.run(firmware.elf, run_out, timeout_s=timeout, check=False)
         records = result.records
         memory = dict(records.memory.entries) if records.memory else {}
         hello = records.hello.fields if records.hello else None
         outcome = result.outcome()
         if outcome.ok:
-            return fitting.MeasureAttempt(memory, hello)
+            # The measurement run is a parity check too (on a proxy, the only one before the
+            # board): its outputs must match the host's.
+            exported = planned.export
+            verdict = compare_sets(_device_sets(records, exported), exported.reference_sets,
+                                   Tolerance(**exported.tolerance))
+            if not verdict.passed:
+                return fitting.MeasureAttempt(memory, hello, "its outputs differ from the host "
+                                              f"reference (max abs err "
+                                              f"{verdict.max_abs_error:.3g})")
+            parity = (f"outputs match the host reference on {run_board.name} (max abs err "
+                      f"{verdict.max_abs_error:.3g})")
+            progress(parity)
+            return fitting.MeasureAttempt(memory, hello, parity=parity)
         pool = fitting.pool_named_in([e.message for e in records.errors])
         return fitting.MeasureAttempt(memory, hello, outcome.cause, pool)
 
     record = fitting.measure(board, program, flow, planned.fit_key, planned.fit_options,
                              fitting.measurement_sizing(board, program, headroom),
-                             build_and_run, progress)
+                             build_and_run, progress, run_board=run_board,
+                             measured_on=target.where, extra_stack=target.extra_stack)
     path = fitting.save_fit(out, record)
-    progress(f"measured peaks {record.peaks}; fitted {record.fitted} (stored in {path})")
+    progress(f"{record.source}: peaks {record.peaks}; fitted {record.fitted} "
+             f"(stored in {path})")
     plan = plan_memory(board, program, sizing=record.sizing())
     write_atomic(out / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")
     return dataclasses.replace(planned, plan=plan, fit=record)
+
+
+def _device_sets(records: RunRecords, exported: ExportResult) -> list[list[np.ndarray | None]]:
+    """The device's outputs per input set, as the host's arrays (output i of input set k
+    arrives as tensor k * outputs + i, docs/protocol.md)."""
+    n_out = len(exported.output_dim_orders)
+    device_sets = []
+    for k in range(len(exported.input_sets)):
+        device = []
+        for i, order in enumerate(exported.output_dim_orders):
+            t = records.tensors.get(k * n_out + i)
+            device.append(None if t is None else as_host_dtype(
+                logical_order(t.data, order), exported.output_quant[i]))
+        device_sets.append(device)
+    return device_sets
 
 
 def _footprint_of(firmware: Firmware, planned: PlannedModel, model: str,
@@ -378,7 +442,7 @@ def _footprint_of(firmware: Firmware, planned: PlannedModel, model: str,
     if memory:
         peaks, source = {k: u for k, (u, _c) in memory.items()}, "measured on the target (run)"
     elif planned.fit is not None:
-        peaks, source = dict(planned.fit.peaks), "measured on the target (fit.json)"
+        peaks, source = dict(planned.fit.peaks), f"{planned.fit.source} (fit.json)"
     else:
         load = planned.program.method_load
         peaks = {"planned_pool": sum(planned.program.planned_buffers)}
@@ -434,16 +498,7 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
     result = runner.run(built.firmware.elf, out, timeout_s=timeout, check=False)
     outcome = result.outcome()
     records = result.records
-    # Output i of input set k arrives as tensor k * outputs + i (docs/protocol.md).
-    n_out = len(exported.output_dim_orders)
-    device_sets = []
-    for k in range(len(exported.input_sets)):
-        device = []
-        for i, order in enumerate(exported.output_dim_orders):
-            t = records.tensors.get(k * n_out + i)
-            device.append(None if t is None else as_host_dtype(
-                logical_order(t.data, order), exported.output_quant[i]))
-        device_sets.append(device)
+    device_sets = _device_sets(records, exported)
     verdict = compare_sets(device_sets, exported.reference_sets,
                            tolerance or Tolerance(**exported.tolerance))
     device = device_sets[0]

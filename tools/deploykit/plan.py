@@ -99,6 +99,8 @@ class Sizing:
     heap: int | None = None
     source: str = "fit"  # "fit" or "given"
     peaks: dict[str, int] = field(default_factory=dict)  # measured high-water marks
+    note: str = ""  # where the peaks were measured, when not on the board itself (a proxy)
+    extra_stack: int = 0  # in `stack`: the board's own runtime's use beyond the proxy's peak
 
 
 @dataclass(frozen=True)
@@ -255,7 +257,11 @@ def plan_memory(board: Board, program: ProgramInfo, *, method_pool: int | None =
             if sizing.source != "fit":
                 return "given"
             peak = peaks.get(name)
-            return f"peak {peak:,} B + margin" if peak is not None else "measured"
+            where = f", {sizing.note}" if sizing.note else ""
+            extra = (f" + {sizing.extra_stack:,} B for {board.name}'s own runtime"
+                     if name == "stack" and sizing.extra_stack else "")
+            return (f"peak {peak:,} B + margin{extra}{where}" if peak is not None
+                    else "measured")
 
         method, method_src = sizing.method_pool, sizing.source
         method_how = how("method_pool") + f" (estimate was {est_method:,} B)"

@@ -86,12 +86,14 @@ class BuildProfile:
         side has no defaults). ExecuTorchRuntime.cmake keys the cached runtime on every one
         that changes the runtime's objects.
 
-        On a board built through the pico-sdk the C runtime is the SDK's (its printf, malloc
-        and exit wrappers), so deploykit's lean replacements are left out there."""
+        A family that cannot link with LTO (`supports_lto`) gets DK_LTO=OFF, so that a proxy
+        measurement of its boards (proxy.py) is built with the same options. On a board built
+        through the pico-sdk the lean libc is linked too (firmware/runner/lean_libc.cpp leaves
+        operator new/delete to the SDK)."""
         def on(flag: bool) -> str:
             return "ON" if flag else "OFF"
 
-        sdk_runtime = board is not None and not family_of(board).owns_c_runtime
+        lto = self.lto and (board is None or family_of(board).supports_lto)
 
         return {
             "DK_PROFILE": self.name,
@@ -101,10 +103,10 @@ class BuildProfile:
             "DK_ET_CMSIS_NN_OPT": self.cmsis_nn_opt,
             "DK_ET_LOGGING": on(self.logging),
             "DK_ET_PIC": on(self.pic),
-            "DK_LTO": on(self.lto),
+            "DK_LTO": on(lto),
             "DK_ET_EXACT_KERNEL_REGISTRY": on(self.exact_kernel_registry),
             "DK_ET_MODEL_PRIM_OPS": on(self.model_prim_ops),
-            "DK_LEAN_LIBC": on(self.lean_libc and not sdk_runtime),
+            "DK_LEAN_LIBC": on(self.lean_libc),
         }
 
     def fixed_program(self, program: ProgramInfo) -> ProgramInfo:

@@ -20,6 +20,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from .boards import Board
 from .fsutil import write_if_changed
 from .plan import MemoryPlan
+from .protocol.budget import transcript_bytes
 
 BOARD_TEMPLATES = ("board_config.h", "irq_vectors.h", "board.cmake", "memory.ld")
 PTE_FILE = "model.pte"  # the program beside model_pte.c, which .incbin's it
@@ -177,5 +178,9 @@ def render_model_files(model: ModelSources, out_dir: Path) -> GeneratedSources:
         "npu_fast": npu_fast,
         "et_commit": model.et_commit,
         "build_info": model.build_info,
+        # What a run sends (protocol/budget.py): sizes the serial link's transcript.
+        "result_bytes": transcript_bytes(
+            [(np.asarray(a).nbytes, np.asarray(a).ndim) for a in model.expected_outputs],
+            len(model.input_sets)),
     }
     return _render_all(MODEL_TEMPLATES, context, out_dir)

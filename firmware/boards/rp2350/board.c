@@ -40,8 +40,21 @@
 #endif
 _Static_assert(DK_TIMER_HZ == 1000000u, "pico-timer runs at 1 MHz (time_us_64)");
 
-#ifndef DK_LINK_TRANSCRIPT_BYTES
-#define DK_LINK_TRANSCRIPT_BYTES 16384
+/* The transcript holds one whole run. The runner's is sized from its model: model_config.h's
+ * DK_RESULT_BYTES counts what the run sends (hello, the outputs, timing, memory, done) plus
+ * room for an error or a fault report (tools/deploykit/protocol/budget.py). Firmware without
+ * a model (the self-test) takes the board file's serial.transcript_bytes. */
+#if defined(__has_include)
+#if __has_include("model_config.h")
+#include "model_config.h"
+#endif
+#endif
+#if defined(DK_RESULT_BYTES)
+#define DK_TRANSCRIPT_BYTES DK_RESULT_BYTES
+#elif defined(DK_LINK_TRANSCRIPT_BYTES)
+#define DK_TRANSCRIPT_BYTES DK_LINK_TRANSCRIPT_BYTES
+#else
+#error "DK_LINK_TRANSCRIPT_BYTES (the board file's serial.transcript_bytes) is not defined"
 #endif
 
 /* Linker symbols (firmware/boards/rp2350/sections.ld). */
@@ -55,7 +68,9 @@ extern uint8_t __dk_heap_end[];
 #define DK_SCB_SHCSR 0xE000ED24u
 #define SHCSR_FAULTS_ENA ((1u << 16) | (1u << 17) | (1u << 18) | (1u << 19))
 #define DK_STACK_PAINT 0xDEADBEEFu
-#define DK_FAULT_STACK_BYTES 1024u
+/* The fault report's own stack: dk_fault_report and the record encoder appending to the
+ * transcript (no I/O in fault mode) take 312 B in the mlp_mnist image (scripts/stack-depth). */
+#define DK_FAULT_STACK_BYTES 512u
 
 /* Watchdog scratch 0-3 describe a transcript saved by the fault handler (the SDK's
  * watchdog_reboot uses 4-7). */
@@ -63,7 +78,7 @@ extern uint8_t __dk_heap_end[];
 
 /* The transcript lives in .uninitialized_data: not zeroed at start-up, so it survives the
  * watchdog reboot after a fault. */
-static uint8_t __uninitialized_ram(dk_transcript)[DK_LINK_TRANSCRIPT_BYTES]
+static uint8_t __uninitialized_ram(dk_transcript)[DK_TRANSCRIPT_BYTES]
     __attribute__((aligned(4)));
 
 /* ---- the serial link's port: the SDK's stdio drivers, raw (no CR/LF translation) ---- */

@@ -35,6 +35,10 @@ class BoardFamily(abc.ABC):
     # on their contents).
     firmware_dirs: ClassVar[tuple[str, ...]]
     runners: ClassVar[tuple[str, ...]]  # runner kinds (runners.RUNNERS) its boards may use
+    # Whether its firmware links with LTO when the build profile asks for it (profiles.py);
+    # False turns a profile's DK_LTO off for its boards, so that a proxy measurement
+    # (proxy.py) builds with the same runtime options as the board.
+    supports_lto: ClassVar[bool] = True
     # Sections of the board file its boards must have, beyond the common ones.
     required_sections: ClassVar[tuple[str, ...]] = ()
 

@@ -27,6 +27,7 @@ class Rp2350Family(BoardFamily):
     projects = ("pico-sdk", "tinyusb")  # west.yml group pico; picotool is optional
     image_formats = ("elf", "uf2")
     owns_c_runtime = False
+    supports_lto = True  # the SDK's own sources are compiled without -flto (firmware/pico)
     firmware_dirs = ("boards/rp2350", "pico")
     runners = ("pico",)
     required_sections = ("pico_sdk", "stdio", "usb")
@@ -83,7 +84,7 @@ def pico_board_cmake(board: Board) -> str:
         ("DK_PICO_STDIO_USB", str(int(stdio["usb"]))),
         ("DK_PICO_STDIO_UART", str(int(stdio["uart"]))),
         ("DK_PICO_UART_BAUD", str(serial.get("baud", board.console["baud"]))),
-        ("DK_LINK_TRANSCRIPT_BYTES", str(serial.get("transcript_bytes", 16384))),
+        ("DK_LINK_TRANSCRIPT_BYTES", str(serial.get("transcript_bytes", 4096))),
         ("DK_STACK_BYTES", str(board.stack_size)),
         ("DK_HEAP_BYTES", str(board.heap_size)),
         ("DK_USB_VID", f"0x{usb['vid']:04X}"),

@@ -148,7 +148,9 @@ def select(board: Any, *, port: str | None = None, probe: str | None = None,
         reason = f.unavailable_reason()
         seen.append(f"{f.kind}: " + "; ".join(f.notes + ([reason] if reason else [])))
 
-    if allow_reboot and not probe:
+    raw = getattr(board, "raw", None) or {}
+    # Without serial.reset_baud (a console on a UART) no port can reboot the board into BOOTSEL.
+    if allow_reboot and not probe and "reset_baud" in raw.get("serial", {}):
         running = running_boards(board, env.ports())
         if want_serial:
             running = [p for p in running if p.serial_number == want_serial
@@ -160,8 +162,7 @@ def select(board: Any, *, port: str | None = None, probe: str | None = None,
                 "Choose one with --port <its serial port>.")
         if len(running) == 1:
             p = running[0]
-            raw = getattr(board, "raw", None) or {}
-            baud = int(raw.get("serial", {}).get("reset_baud", 1200))
+            baud = int(raw["serial"]["reset_baud"])
             progress(f"rebooting {p.device} (serial {p.serial_number}) into BOOTSEL "
                      f"({baud}-baud touch)")
             reboot_to_bootsel(p.device, baud)
