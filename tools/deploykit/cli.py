@@ -46,7 +46,7 @@ class _Output:
     def result(self, payload: Any, text: str) -> None:
         self.close()
         if self.as_json:
-            print(json.dumps(to_jsonable(payload), indent=2))
+            print(json.dumps(to_jsonable(payload), indent=2, allow_nan=False))
         else:
             print(text)
 

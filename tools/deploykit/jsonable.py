@@ -1,8 +1,10 @@
-"""Turn results (dataclasses, paths, numpy arrays) into JSON-ready values for --json output."""
+"""Turn results (dataclasses, paths, numpy arrays) into JSON-ready values for --json output and
+the result files: always valid JSON (non-finite floats become null)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,10 @@ def to_jsonable(value: Any) -> Any:
         return str(value)
     if isinstance(value, bytes):
         return value.hex()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, float) and value != value:
+    if hasattr(value, "tolist"):  # numpy arrays and scalars, whose floats may be non-finite
+        return to_jsonable(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON has no NaN or infinity (Python's json writes invalid `NaN`/`Infinity`): null.
+        # An infinite error means a missing output, which its entry's `problem` names.
         return None
     return value

@@ -19,6 +19,7 @@ import hashlib
 import inspect
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,11 +30,7 @@ import numpy as np
 
 from . import fit as fitting
 from .boards import Board, repo_root
-from .errors import (
-    ConfigError,
-    ExitCode,
-    MemoryPlanError,
-)
+from .errors import ConfigError, DeployKitError, ExitCode, MemoryPlanError
 from .export import ExportResult, load_export, memory_order_bytes
 from .export import export as export_model
 from .families import family_of
@@ -136,8 +133,18 @@ def export_stage(board: Board, model: str, flow: str, out: Path,
     target = flow_impl.target_description(ExportTarget(board.cpu["core"], settings))
     progress(f"exporting {model} with the {flow} flow for {target} "
              f"(native library output: {export_dir / 'export-native.log'})")
-    with _native_output_to(export_dir / "export-native.log"):
-        spec = spec or load_model(model, repo_root())
+    created = not export_dir.exists()
+    native_log = export_dir / "export-native.log"
+    try:
+        with _native_output_to(native_log):
+            spec = spec or load_model(model, repo_root())
+    except DeployKitError:
+        # A model file that cannot be loaded leaves nothing behind (the export never began).
+        native_log.unlink(missing_ok=True)
+        if created:
+            shutil.rmtree(export_dir, ignore_errors=True)
+        raise
+    with _native_output_to(native_log):
         result = export_model(spec, flow, export_dir, cpu=board.cpu["core"], settings=settings,
                               input_sets=list(input_sets.samples) if input_sets else None,
                               options=options, on_step=getattr(progress, "step", None))
@@ -535,7 +542,8 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
         log=result.console_log,
         device_outputs=[d.ravel().tolist() if d is not None else [] for d in device],
         records=records)
-    write_atomic(out / "run" / "result.json", json.dumps(report_json(report), indent=2) + "\n")
+    write_atomic(out / "run" / "result.json",
+                 json.dumps(report_json(report), indent=2, allow_nan=False) + "\n")
     return report
 
 

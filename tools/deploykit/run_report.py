@@ -146,21 +146,27 @@ def npu_calls_of(records: RunRecords, program: ProgramInfo) -> list[NpuCall]:
 def set_statistics(device_sets: list[list[np.ndarray | None]],
                     host_sets: list[list[np.ndarray]], labels_file: Path) -> SetStatistics:
     """Top-1 agreement and label accuracy on output 0, for classifier-shaped outputs."""
-    pairs = [(d[0], h[0]) for d, h in zip(device_sets, host_sets, strict=True)
-             if d and d[0] is not None and h[0].ndim >= 1 and h[0].shape[-1] > 1]
+    # By set index: a set whose device output is missing drops out of every statistic, and
+    # the labels (by set index too) stay with their own sets.
+    pairs = {k: (d[0], h[0]) for k, (d, h) in enumerate(zip(device_sets, host_sets, strict=True))
+             if d and d[0] is not None and h[0].ndim >= 1 and h[0].shape[-1] > 1}
     if not pairs:
         return SetStatistics(len(device_sets), None, None, None)
-    device_top = [int(np.asarray(d).reshape(-1, d.shape[-1])[0].argmax()) for d, _ in pairs]
-    host_top = [int(np.asarray(h).reshape(-1, h.shape[-1])[0].argmax()) for _, h in pairs]
-    agree = sum(a == b for a, b in zip(device_top, host_top, strict=True)) / len(pairs)
+
+    def top1(a: np.ndarray) -> int:
+        return int(np.asarray(a).reshape(-1, a.shape[-1])[0].argmax())
+
+    device_top = {k: top1(d) for k, (d, _h) in pairs.items()}
+    host_top = {k: top1(h) for k, (_d, h) in pairs.items()}
+    agree = sum(device_top[k] == host_top[k] for k in pairs) / len(pairs)
     labels: list[int | None] = []
     if labels_file.exists():
         labels = json.loads(labels_file.read_text())["labels"]
-    known = [(i, lab) for i, lab in enumerate(labels) if lab is not None and i < len(pairs)]
+    known = [(k, lab) for k, lab in enumerate(labels) if lab is not None and k in pairs]
     if not known:
         return SetStatistics(len(device_sets), agree, None, None)
-    acc_dev = sum(device_top[i] == lab for i, lab in known) / len(known)
-    acc_host = sum(host_top[i] == lab for i, lab in known) / len(known)
+    acc_dev = sum(device_top[k] == lab for k, lab in known) / len(known)
+    acc_host = sum(host_top[k] == lab for k, lab in known) / len(known)
     return SetStatistics(len(device_sets), agree, acc_dev, acc_host, len(known))
 
 
