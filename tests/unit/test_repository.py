@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -35,15 +34,11 @@ def test_no_file_cites_notes_outside_the_repository():
     assert offenders == []
 
 
-def test_no_file_names_a_path_of_the_machine():
-    """No committed file names where this checkout lives or the user's home: the project
-    must work wherever it is cloned."""
-    root = checkout_root()
-    marks = {f"{p}/" for p in (root.parent if root else None, Path.home())
-             if p is not None and p != Path(p.anchor)}
+def test_no_file_names_a_path_of_the_authors_machine():
+    marks = ("/work/", "/root/", "/opt/wheels", "/opt/pypi")
     offenders = [name for name, text in _tracked_text_files()
                  if name != THIS_FILE and any(m in text for m in marks)]
-    assert offenders == [], f"paths {sorted(marks)} appear in {offenders}"
+    assert offenders == []
 
 
 def test_ci_runs_the_readme_test_command_with_the_distribution_python():
