@@ -285,9 +285,11 @@ def _check_abs_block(b: tuple[int, ...], i: int) -> int:
     m0, m1, flags, target, size, no, num, fam, payload, mend = b
     ok = (payload[:PAGE_SIZE] == b"\xef" * PAGE_SIZE and not any(payload[PAGE_SIZE + 4:])
           and size == PAGE_SIZE and num == 2
-          and no == 0 and (flags & ~FLAG_EXTENSION_FLAGS_PRESENT) == FLAG_FAMILY_ID_PRESENT
-          and (not flags & FLAG_EXTENSION_FLAGS_PRESENT
-               or struct.unpack_from("<I", payload, PAGE_SIZE)[0] == RP2_IGNORE_BLOCK))
+          and no == 0
+          # Exactly picotool's: family ID and extension flags, the extension being the
+          # ignore-block tag (so that any single bit flipped in the block is caught).
+          and flags == FLAG_FAMILY_ID_PRESENT | FLAG_EXTENSION_FLAGS_PRESENT
+          and struct.unpack_from("<I", payload, PAGE_SIZE)[0] == RP2_IGNORE_BLOCK)
     if not ok:
         raise Uf2Error("a block of family ABSOLUTE that is not picotool's RP2350-E10 block", i)
     return target
