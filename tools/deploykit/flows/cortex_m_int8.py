@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError
 from .base import ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
 from .common import flatten_tensors, in_steps, max_abs_diff, parse_cpu, to_numpy
+from .cortex_m_float_linear import decompose_float_linear_pass
 from .pt2e import dequantize, io_quant, quantize, quantize_pt2e
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ class CortexMInt8(Flow):
             )
             from executorch.backends.cortex_m.quantizer.quantizer import CortexMQuantizer
             from executorch.exir import to_edge_transform_and_lower
+            from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+            from executorch.exir.program._program import _transform
 
         cpu_target = _target_config(target.cpu)
 
@@ -78,6 +81,11 @@ class CortexMInt8(Flow):
         with st.step("CortexMPassManager"):
             lowered = CortexMPassManager(edge.exported_program(),
                                          target_config=cpu_target).transform()
+        with st.step("float linears to addmm"):
+            lowered = _transform(lowered, decompose_float_linear_pass())
+            if options.fold_constants:
+                # Folds the weight transposes of the float linears into constants.
+                lowered = constant_prop_pass(lowered)
             # Upstream (tester.py, aot_arm_compiler.py) swaps the program in the same way.
             edge._edge_programs["forward"] = lowered
             input_quant, output_quant = io_quant(lowered)
