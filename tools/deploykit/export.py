@@ -33,6 +33,7 @@ from .flows import get_flow
 from .flows.base import ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
 from .flows.common import Stages, in_steps, max_abs_diff, to_numpy
 from .fsutil import write_atomic
+from .op_coverage import check_coverage
 from .pte_reader import PteTensor, read_pte_info
 
 if TYPE_CHECKING:
@@ -147,6 +148,9 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
             with st.step("gen_oplist"), tempfile.TemporaryDirectory(prefix="dk-oplist-") as tmp:
                 ops_yaml = _gen_oplist(pte, Path(tmp))
                 op_list = _ops_from_yaml(ops_yaml)
+            with st.step("operator coverage"):
+                # Before planning or compiling: the same kernel tables as the CMake build.
+                check_coverage(op_list, art.program_graph, spec.name, spec.source_path, flow)
             set_inputs, set_references = _reference_sets(art, input_sets, st)
         export_seconds = round(time.perf_counter() - t_start, 3)
 

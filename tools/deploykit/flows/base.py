@@ -99,6 +99,9 @@ class FlowResult:
     report: dict[str, Any] = field(default_factory=dict)  # flow entries of export.json
     reference_report: dict[str, Any] = field(default_factory=dict)  # under "reference"
     warnings: list[str] = field(default_factory=list)
+    # The final program's graph (out-variant operators, with the model's stack traces): the
+    # operator-coverage check names the model line of an operator with no kernel from it.
+    program_graph: Any = None
 
 
 class Flow(abc.ABC):
