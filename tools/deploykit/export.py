@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, ExportError
 from .flows import get_flow
-from .flows.base import ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
+from .flows.base import (
+    NOTES_NAME,
+    ExportOptions,
+    ExportTarget,
+    Flow,
+    FlowResult,
+    QuantParams,
+)
 from .flows.common import Stages, in_steps, max_abs_diff, to_numpy
 from .fsutil import write_atomic
 from .op_coverage import check_coverage
@@ -132,7 +139,7 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    outputs = (REPORT_NAME, PTE_NAME, OPS_YAML_NAME, REFERENCE_NAME)
+    outputs = (REPORT_NAME, PTE_NAME, OPS_YAML_NAME, REFERENCE_NAME, NOTES_NAME)
     _remove_outputs(out_dir, outputs + (ERROR_LOG_NAME,))  # never leave a stale mix behind
 
     st = Stages(flow, spec.name, on_step)
@@ -219,6 +226,8 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
             write_atomic(out_dir / PTE_NAME, pte)
             write_atomic(out_dir / OPS_YAML_NAME, ops_yaml)
             write_atomic(out_dir / REFERENCE_NAME, npz.getvalue())
+            if art.notes:
+                write_atomic(out_dir / NOTES_NAME, art.notes)
             write_atomic(out_dir / REPORT_NAME, json.dumps(report, indent=2) + "\n")
     except BaseException as e:
         _remove_outputs(out_dir, outputs)

@@ -126,6 +126,13 @@ def op_name(target: Any) -> str | None:
     return f"{schema.name}.{overload}" if overload else schema.name
 
 
+def graph_op_names(graph_module: Any) -> list[str]:
+    """The operators a program graph calls, named as gen_oplist names them, sorted (for a
+    check before the `.pte` is read back, e.g. before a flow runs it on the host)."""
+    names = {op_name(n.target) for n in graph_module.graph.nodes if n.op == "call_function"}
+    return sorted(n for n in names if n is not None)
+
+
 def source_lines(graph_module: Any, op: str, model_file: Path | None,
                  limit: int = 3) -> tuple[str, ...]:
     """Where the nodes of `op` come from: the model file's frame of each node's stack trace

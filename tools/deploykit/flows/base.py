@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 
 # Used when the model file gives no TOLERANCE for the flow (device vs reference).
 DEFAULT_FP32_TOLERANCE = {"atol": 1e-5, "rtol": 0.0}
-DEFAULT_INT8_STEPS = 2.0  # int8 default atol: this many output quantization steps
+DEFAULT_INT8_STEPS = 2.0
+# The export directory's log of what a flow worked around (FlowResult.notes).
+NOTES_NAME = "export-notes.log"  # int8 default atol: this many output quantization steps
 
 
 @dataclass(frozen=True)
@@ -39,10 +41,13 @@ class ExportOptions:
     # caller's buffer (the runner's embedded inputs, read in place), and the planned buffers
     # shrink by the input bytes.
     plan_inputs: bool = True
+    # cortex_m_int8: an operator the int8 lowering cannot take is an error, instead of being
+    # kept in float (automatic mixed precision, flows/mixed_precision.py).
+    strict: bool = False
 
     def key(self) -> str:
         return (f"fold_constants={self.fold_constants} int8_io={self.int8_io} "
-                f"plan_inputs={self.plan_inputs}")
+                f"plan_inputs={self.plan_inputs}" + (" strict=True" if self.strict else ""))
 
     def backend_config(self, **kwargs: Any) -> Any:
         """to_executorch's ExecutorchBackendConfig for these options (and `kwargs`)."""
@@ -99,6 +104,9 @@ class FlowResult:
     report: dict[str, Any] = field(default_factory=dict)  # flow entries of export.json
     reference_report: dict[str, Any] = field(default_factory=dict)  # under "reference"
     warnings: list[str] = field(default_factory=list)
+    # Text for the export directory's notes log (NOTES_NAME), e.g. an upstream failure the
+    # flow worked around, with its reproduction; "" for none.
+    notes: str = ""
     # The final program's graph (out-variant operators, with the model's stack traces): the
     # operator-coverage check names the model line of an operator with no kernel from it.
     program_graph: Any = None

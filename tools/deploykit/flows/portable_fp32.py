@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ExportError
+from ..op_coverage import check_coverage, graph_op_names
 from .base import ExportOptions, ExportTarget, Flow, FlowResult
 from .common import flatten_tensors
 
@@ -54,6 +55,12 @@ class PortableFp32(Flow):
             program = edge.to_executorch(options.backend_config())
             pte = bytes(program.buffer)
 
+        with st.step("operator coverage"):
+            # Before the host runtime loads the program: it has the same portable kernels,
+            # and an operator missing there is better named with its model line.
+            graph = program.exported_program().graph_module
+            check_coverage(graph_op_names(graph), graph, spec.name, spec.source_path,
+                           self.name)
         with st.step("host reference (executorch pybindings)",
                      "The .pte did not run on the host ExecuTorch runtime; a kernel is missing "
                      "or the program is invalid."):
@@ -73,7 +80,7 @@ class PortableFp32(Flow):
             input_quant=[None] * len(inputs), output_quant=[None] * len(reference),
             reference_kind=self.fallback_reference_kind, reference_fn=reference_fn,
             prepare_inputs=lambda xs: tuple(t.clone().contiguous() for t in xs),
-            program_graph=program.exported_program().graph_module)
+            program_graph=graph)
 
     def check_program(self, model: str, op_list: list[str], info: PteInfo,
                       options: ExportOptions) -> list[str]:
