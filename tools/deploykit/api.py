@@ -8,6 +8,7 @@ with the conventions every command shares (output directories, board defaults, p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from .families import family_of
 from .flows import get_flow
 from .inspect_pte import ProgramInfo, inspect_pte
 from .npu import npu_config, with_npu_overrides
-from .profiles import resolve_profile
+from .profiles import BuildProfile, resolve_profile
 from .sources import SourceOverride, Workspace
 
 Progress = Callable[[str], None]
@@ -195,14 +196,23 @@ def load_board_with(board: str, npu_macs: int | None = None,
     return with_npu_overrides(load_board(board), npu_macs, npu_memory_mode)
 
 
+def _profile(board: Board, profile: str | None, strict: bool) -> BuildProfile:
+    """The resolved build profile, with --strict applied to its export options."""
+    resolved = resolve_profile(board, profile)
+    return dataclasses.replace(resolved, strict=True) if strict else resolved
+
+
 def export(board: str, model: str, flow: str | None = None, out: Path | None = None,
            progress: Progress = _quiet, npu_macs: int | None = None,
-           npu_memory_mode: str | None = None, profile: str | None = None):
+           npu_memory_mode: str | None = None, profile: str | None = None,
+           strict: bool = False):
+    """`strict`: an operator the int8 lowering cannot take is an error, instead of being kept
+    in float (automatic mixed precision of the cortex_m flow)."""
     from .pipeline import export_stage
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
     return export_stage(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                        progress, profile=resolve_profile(b, profile))
+                        progress, profile=_profile(b, profile, strict))
 
 
 def describe_export(result) -> str:
@@ -214,7 +224,7 @@ def describe_export(result) -> str:
 def plan(board: str, model: str | None = None, flow: str | None = None, out: Path | None = None,
          workspace: Path | None = None, progress: Progress = _quiet,
          npu_macs: int | None = None, npu_memory_mode: str | None = None,
-         profile: str | None = None, pte: Path | None = None):
+         profile: str | None = None, pte: Path | None = None, strict: bool = False):
     """The memory plan of `model` (exported first) or of an existing `.pte` on `board`; raises
     MemoryPlanError, naming the region, when it does not fit. Written to <out>/plan.json."""
     from .pipeline import plan_pte, plan_stage
@@ -224,15 +234,15 @@ def plan(board: str, model: str | None = None, flow: str | None = None, out: Pat
         raise ConfigError("Plan a model or a .pte, one of them.",
                           "Give --model NAME (exported first) or --pte FILE.pte.")
     if pte is not None:
-        return plan_pte(b, Path(pte), out, progress, profile=resolve_profile(b, profile))
+        return plan_pte(b, Path(pte), out, progress, profile=_profile(b, profile, strict))
     return plan_stage(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                      progress, profile=resolve_profile(b, profile))
+                      progress, profile=_profile(b, profile, strict))
 
 
 def build(board: str, model: str, flow: str | None = None, out: Path | None = None,
           workspace: Path | None = None, progress: Progress = _quiet,
           npu_macs: int | None = None, npu_memory_mode: str | None = None,
-          profile: str | None = None, fit: bool = False):
+          profile: str | None = None, fit: bool = False, strict: bool = False):
     """`profile`: a build profile name (deploykit.profiles; default: the board file's
     `profile:`, else size). `fit`: measure the model on the board's runner first when no
     measurement is stored (<out>/fit.json), then link pools and stack at peak + margin."""
@@ -240,7 +250,7 @@ def build(board: str, model: str, flow: str | None = None, out: Path | None = No
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
     return build_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                          workspace, progress, profile=resolve_profile(b, profile), fit=fit)
+                          workspace, progress, profile=_profile(b, profile, strict), fit=fit)
 
 
 def run(board: str, model: str, flow: str | None = None, out: Path | None = None,
@@ -248,7 +258,7 @@ def run(board: str, model: str, flow: str | None = None, out: Path | None = None
         npu_macs: int | None = None, npu_memory_mode: str | None = None,
         runner_options: dict | None = None, inputs: Path | None = None,
         profile: str | None = None, fit: bool = False, atol: float | None = None,
-        rtol: float | None = None):
+        rtol: float | None = None, strict: bool = False):
     """Build, run on the board's runner, compare with the host. `inputs`: a directory of
     samples (input_sets.py) run in one firmware run instead of the example inputs. `fit`: as
     for build. `atol`/`rtol` override the model's tolerance. `runner_options`: options the
@@ -265,7 +275,7 @@ def run(board: str, model: str, flow: str | None = None, out: Path | None = None
     return run_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
                         workspace, timeout, progress,
                         runner_options=runner_options, inputs_dir=inputs,
-                        profile=resolve_profile(b, profile), fit=fit, tolerance=tolerance)
+                        profile=_profile(b, profile, strict), fit=fit, tolerance=tolerance)
 
 
 def flash(board: str, *, model: str | None = None, image: Path | None = None,

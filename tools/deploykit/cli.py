@@ -71,6 +71,10 @@ def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = Tru
         p.add_argument("--profile", choices=list(PROFILES),
                        help="build profile (default: the board file's `profile:`, else "
                        f"{DEFAULT_PROFILE}); see `deploykit build --help` and docs/profiles.md")
+        p.add_argument("--strict", action="store_true",
+                       help="int8 flows: fail when an operator cannot be lowered to int8, "
+                       "instead of keeping it in float (automatic mixed precision; "
+                       "docs/mixed-precision.md)")
     p.add_argument("--out", type=Path, help=f"output directory (default {out_default})")
 
 
@@ -347,7 +351,8 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
     common.update(model=args.model, flow=args.flow, npu_macs=args.npu_macs,
-                  npu_memory_mode=args.npu_memory_mode, profile=args.profile)
+                  npu_memory_mode=args.npu_memory_mode, profile=args.profile,
+                  strict=args.strict)
     if cmd == "export":
         common.pop("workspace")
         result = api.export(**common)

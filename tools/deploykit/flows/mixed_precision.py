@@ -119,8 +119,13 @@ class LoweringFailure:
         return UpstreamFailure(
             step=self.step, error=self.message,
             node=self.node.name if self.node is not None else "?",
-            op=str(getattr(self.node, "target", "?")).split(":")[0].strip("<> "),
+            op=_qualified_name(self.node.target) if self.node is not None else "?",
             source=where[1] if where else "?")
+
+
+def _qualified_name(target: Any) -> str:
+    schema = getattr(target, "_schema", None)
+    return schema.name if schema is not None else str(target)
 
 
 def failing_node(exc: BaseException, graph_module: Any) -> Any | None:
@@ -266,6 +271,8 @@ def float_compute(graph_module: Any, model_file: Path) -> dict[str, Any]:
 
 def _is_float(node: Any) -> bool:
     val = node.meta.get("val")
+    if isinstance(val, (tuple, list)) and val:
+        val = val[0]  # native_layer_norm: (out, mean, rstd)
     return hasattr(val, "dtype") and val.dtype.is_floating_point and val.dim() > 0
 
 
