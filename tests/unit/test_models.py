@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 torch = pytest.importorskip("torch")
 
-BUNDLED = ["mlp_mnist", "tiny_cnn"]
+BUNDLED = ["mlp_mnist", "tiny_cnn", "gru_kws", "transformer_block"]
 
 
 def write_model(tmp_path: Path, body: str, name: str = "user_model.py") -> Path:
