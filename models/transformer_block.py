@@ -47,8 +47,9 @@ class TransformerBlock(nn.Module):
         self.norm1 = nn.LayerNorm(WIDTH)
         self.attn = SelfAttention()
         self.norm2 = nn.LayerNorm(WIDTH)
-        self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(),
-                                 nn.Linear(4 * WIDTH, WIDTH))
+        self.mlp = nn.Sequential(
+            nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))

@@ -33,14 +33,22 @@ def _line_of(model: str, code: str) -> int:
 
 @pytest.fixture(scope="module")
 def gru(tmp_path_factory) -> ExportResult:
-    return export(load_model("gru_kws", REPO), "cortex_m_int8",
-                  tmp_path_factory.mktemp("gru"), cpu="cortex-m55")
+    return export(
+        load_model("gru_kws", REPO),
+        "cortex_m_int8",
+        tmp_path_factory.mktemp("gru"),
+        cpu="cortex-m55",
+    )
 
 
 @pytest.fixture(scope="module")
 def transformer(tmp_path_factory) -> ExportResult:
-    return export(load_model("transformer_block", REPO), "cortex_m_int8",
-                  tmp_path_factory.mktemp("transformer"), cpu="cortex-m55")
+    return export(
+        load_model("transformer_block", REPO),
+        "cortex_m_int8",
+        tmp_path_factory.mktemp("transformer"),
+        cpu="cortex-m55",
+    )
 
 
 def _all_covered(ops: list[str]) -> list[str]:
@@ -66,8 +74,9 @@ def test_gru_report_lists_the_float_matmuls_with_their_line(gru):
     # 49 steps x (10 + 24) x 72 gate MACs in float, the 24 x 12 classifier in int8.
     assert mixed["float_macs"] == 49 * (10 + 24) * 72
     assert mixed["int8_macs"] == 24 * 12
-    assert any(w.startswith("Mixed precision: 99.8% of the MACs run in float")
-               for w in gru.warnings), gru.warnings
+    assert any(
+        w.startswith("Mixed precision: 99.8% of the MACs run in float") for w in gru.warnings
+    ), gru.warnings
 
 
 def test_transformer_keeps_only_the_failing_bmm_in_float(transformer):
@@ -77,13 +86,18 @@ def test_transformer_keeps_only_the_failing_bmm_in_float(transformer):
     mixed = json.loads(transformer.report_path.read_text())["mixed_precision"]
     line = _line_of("transformer_block", "scores.softmax(dim=-1) @ v")
     assert mixed["kept_in_float"] == [
-        f"bmm at transformer_block.py:{line} in forward: y = scores.softmax(dim=-1) @ v"]
-    assert [(e["op"], e["count"], e["macs"]) for e in mixed["float_mac_ops"]] == \
-        [("aten::bmm", 1, 4 * 16 * 16 * 8)]
+        f"bmm at transformer_block.py:{line} in forward: y = scores.softmax(dim=-1) @ v"
+    ]
+    assert [(e["op"], e["count"], e["macs"]) for e in mixed["float_mac_ops"]] == [
+        ("aten::bmm", 1, 4 * 16 * 16 * 8)
+    ]
     # qkv 16x32x96, proj 16x32x32, MLP 2 x 16x32x128, q@k^T 4x16x16x8
     assert mixed["int8_macs"] == 16 * 32 * (96 + 32 + 2 * 128) + 4 * 16 * 16 * 8
-    for op in ("cortex_m::quantized_linear.out", "cortex_m::quantized_batch_matmul.out",
-               "cortex_m::softmax.out"):
+    for op in (
+        "cortex_m::quantized_linear.out",
+        "cortex_m::quantized_batch_matmul.out",
+        "cortex_m::softmax.out",
+    ):
         assert op in transformer.op_list
     assert "aten::bmm.out" in transformer.op_list
     assert _all_covered(transformer.op_list) == []
@@ -103,8 +117,9 @@ def test_transformer_upstream_failure_is_logged_once_with_a_reproduction(transfo
 def test_strict_refuses_the_fallback(tmp_path):
     spec = load_model("transformer_block", REPO)
     with pytest.raises(ExportError) as e:
-        export(spec, "cortex_m_int8", tmp_path, cpu="cortex-m55",
-               options=ExportOptions(strict=True))
+        export(
+            spec, "cortex_m_int8", tmp_path, cpu="cortex-m55", options=ExportOptions(strict=True)
+        )
     text = str(e.value)
     assert "ReplaceScalarWithTensorArgPass" in text and "--strict forbids" in text
     assert "transformer_block.py:" in text
@@ -135,14 +150,31 @@ def test_uncovered_operator_stops_the_export_with_its_own_exit_code(tmp_path):
     model.write_text(SORTER)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO / "tools")}
-    run = subprocess.run([sys.executable, "-m", "deploykit", "export", "--board", "qemu-an547",
-                          "--model", str(model), "--out", str(out)],
-                         capture_output=True, text=True, env=env, check=False)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deploykit",
+            "export",
+            "--board",
+            "qemu-an547",
+            "--model",
+            str(model),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     assert run.returncode == 15, run.stderr
     err = run.stderr
     assert "Traceback" not in err
-    assert "deploykit: error: The portable_fp32 export of 'sorter' has operator(s) with no " \
-           "kernel in the runtime build: aten::sort.values." in err
+    assert (
+        "deploykit: error: The portable_fp32 export of 'sorter' has operator(s) with no "
+        "kernel in the runtime build: aten::sort.values." in err
+    )
     assert "from: sorter.py:7 in forward: return torch.sort(x, dim=-1)[0] * 2.0" in err
     assert "why: no kernel library of the runtime build implements it" in err
     assert "fix: Rewrite that line" in err

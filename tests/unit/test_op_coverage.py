@@ -52,19 +52,23 @@ def test_every_yaml_entry_is_covered():
 
 
 def test_model_line_is_the_model_files_frame():
-    assert model_line(TRACE, Path("/models/gru_kws.py")) == \
-        "gru_kws.py:37 in forward: out, _ = self.gru(x)"
+    assert (
+        model_line(TRACE, Path("/models/gru_kws.py"))
+        == "gru_kws.py:37 in forward: out, _ = self.gru(x)"
+    )
     # Without the model file in the trace: the innermost frame.
     assert model_line(TRACE, Path("/elsewhere/other.py")).startswith(
-        "/somewhere/torch/nn/modules/rnn.py:1393 in forward")
+        "/somewhere/torch/nn/modules/rnn.py:1393 in forward"
+    )
     assert model_line("", Path("/models/gru_kws.py")) is None
 
 
 def test_uncovered_operator_error_names_operator_why_and_fix():
     tables = kernel_tables()
     with pytest.raises(OperatorCoverageError) as e:
-        check_coverage(["aten::addmm.out", "aten::sort.values"], None, "sorter",
-                       None, "portable_fp32", tables)
+        check_coverage(
+            ["aten::addmm.out", "aten::sort.values"], None, "sorter", None, "portable_fp32", tables
+        )
     text = str(e.value)
     assert e.value.exit_code == ExitCode.UNSUPPORTED_OPERATOR == 15
     assert "aten::sort.values" in text and "aten::addmm.out" not in text
@@ -77,8 +81,10 @@ def test_other_overload_is_named_in_why():
     tables = kernel_tables()
     with pytest.raises(OperatorCoverageError) as e:
         check_coverage(["aten::add.Scalar"], None, "m", None, "portable_fp32", tables)
-    assert ("why: ExecuTorch's portable library implements aten::add.Scalar_out, "
-            "aten::add.out but not this overload") in str(e.value)
+    assert (
+        "why: ExecuTorch's portable library implements aten::add.Scalar_out, "
+        "aten::add.out but not this overload"
+    ) in str(e.value)
 
 
 @pytest.fixture
@@ -88,25 +94,43 @@ def executorch_sources() -> Path:
     ws = os.environ.get("DEPLOYKIT_WORKSPACE")
     tree = Path(ws) / "executorch" if ws else None
     if tree is None or not (tree / "kernels/portable/functions.yaml").is_file():
-        pytest.skip("needs the ExecuTorch sources ($DEPLOYKIT_WORKSPACE with executorch/, "
-                    "`deploykit setup`): the CMake gate script reads the source tree")
+        pytest.skip(
+            "needs the ExecuTorch sources ($DEPLOYKIT_WORKSPACE with executorch/, "
+            "`deploykit setup`): the CMake gate script reads the source tree"
+        )
     return tree
 
 
 def test_cmake_gate_and_export_check_agree(executorch_sources, tmp_path):
     """The CMake script on the source tree and the export's check on the package's files
     reject the same operators of one operator list."""
-    ops = ["aten::addmm.out", "aten::linear.out", "aten::sort.values",
-           "cortex_m::quantized_linear.out", "aten::avg_pool3d.out", "aten::sym_size.int"]
+    ops = [
+        "aten::addmm.out",
+        "aten::linear.out",
+        "aten::sort.values",
+        "cortex_m::quantized_linear.out",
+        "aten::avg_pool3d.out",
+        "aten::sym_size.int",
+    ]
     ops_yaml = tmp_path / "ops.yaml"
-    ops_yaml.write_text(yaml.safe_dump(
-        {"include_all_operators": False, "operators": {o: {} for o in ops}}))
+    ops_yaml.write_text(
+        yaml.safe_dump({"include_all_operators": False, "operators": {o: {} for o in ops}})
+    )
     run = subprocess.run(
-        [sys.executable, str(REPO / "cmake/executorch_select_kernels.py"),
-         f"--ops-yaml={ops_yaml}", f"--executorch-root={executorch_sources}", "--cortex-m",
-         f"--extra-functions-yaml={REPO / 'firmware/kernels/functions.yaml'}",
-         f"--extra-kernels-dir={REPO / 'firmware/kernels'}",
-         f"--output={tmp_path / 'sel.cmake'}"], capture_output=True, text=True, check=False)
+        [
+            sys.executable,
+            str(REPO / "cmake/executorch_select_kernels.py"),
+            f"--ops-yaml={ops_yaml}",
+            f"--executorch-root={executorch_sources}",
+            "--cortex-m",
+            f"--extra-functions-yaml={REPO / 'firmware/kernels/functions.yaml'}",
+            f"--extra-kernels-dir={REPO / 'firmware/kernels'}",
+            f"--output={tmp_path / 'sel.cmake'}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert run.returncode == 2
     cmake_missing = set(run.stderr.split("no kernel for: ")[1].strip().split(", "))
     tables = kernel_tables(executorch_sources)

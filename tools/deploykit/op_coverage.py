@@ -51,8 +51,9 @@ class KernelTables:
 
     def library(self, op: str) -> str | None:
         prim = self.prim_ops if self.prim_ops_exact else _PrimRule(self.prim_ops)
-        return _select_kernels().kernel_library(op, prim, self.portable, self.deploykit,
-                                                self.cortex_m)
+        return _select_kernels().kernel_library(
+            op, prim, self.portable, self.deploykit, self.cortex_m
+        )
 
 
 class _PrimRule:
@@ -63,7 +64,8 @@ class _PrimRule:
 
     def __contains__(self, op: object) -> bool:
         return isinstance(op, str) and (
-            op in self.names or op.startswith(("executorch_prim::", "aten::sym_")))
+            op in self.names or op.startswith(("executorch_prim::", "aten::sym_"))
+        )
 
 
 @dataclass(frozen=True)
@@ -97,15 +99,19 @@ def kernel_tables(executorch_sources: Path | None = None) -> KernelTables:
     et = executorch_package_root()
     prim: frozenset[str] = frozenset()
     exact = False
-    if executorch_sources is not None and \
-            (executorch_sources / "kernels/prim_ops/register_prim_ops.cpp").is_file():
+    if (
+        executorch_sources is not None
+        and (executorch_sources / "kernels/prim_ops/register_prim_ops.cpp").is_file()
+    ):
         prim = frozenset(sel.prim_op_macros(executorch_sources))
         exact = True
     return KernelTables(
         portable=sel.entries(et / "kernels/portable/functions.yaml"),
         cortex_m=sel.entries(et / "backends/cortex_m/ops/operators.yaml"),
         deploykit=sel.entries(data_root() / DK_KERNELS_YAML),
-        prim_ops=prim, prim_ops_exact=exact)
+        prim_ops=prim,
+        prim_ops_exact=exact,
+    )
 
 
 def workspace_executorch() -> Path | None:
@@ -133,8 +139,9 @@ def graph_op_names(graph_module: Any) -> list[str]:
     return sorted(n for n in names if n is not None)
 
 
-def source_lines(graph_module: Any, op: str, model_file: Path | None,
-                 limit: int = 3) -> tuple[str, ...]:
+def source_lines(
+    graph_module: Any, op: str, model_file: Path | None, limit: int = 3
+) -> tuple[str, ...]:
     """Where the nodes of `op` come from: the model file's frame of each node's stack trace
     (else its innermost frame), distinct, at most `limit`."""
     found: list[str] = []
@@ -172,51 +179,68 @@ def _display(path: Path, model_file: Path) -> str:
     return model_file.name if _same_file(str(path), model_file) else str(path)
 
 
-def explain(op: str, tables: KernelTables, flow: str) -> tuple[str, str]:
+def explain(op: str, tables: KernelTables) -> tuple[str, str]:
     """Why `op` has no kernel, and the fix."""
     base = op.split(".")[0]
-    siblings = sorted(o for o in (*tables.portable, *tables.deploykit)
-                      if o.split(".")[0] == base)
+    siblings = sorted(o for o in (*tables.portable, *tables.deploykit) if o.split(".")[0] == base)
     namespace = op.split("::")[0]
     if namespace == "quantized_decomposed":
-        why = ("it is an int8 operator of ExecuTorch's quantized kernel library, which the "
-               "runtime build does not link: the flow's passes left a quantize/dequantize "
-               "they did not convert")
-        fix = ("Report the model to deploykit (the flow should convert it); meanwhile "
-               "export with --flow portable_fp32.")
+        why = (
+            "it is an int8 operator of ExecuTorch's quantized kernel library, which the "
+            "runtime build does not link: the flow's passes left a quantize/dequantize "
+            "they did not convert"
+        )
+        fix = (
+            "Report the model to deploykit (the flow should convert it); meanwhile "
+            "export with --flow portable_fp32."
+        )
     elif siblings:
-        why = (f"ExecuTorch's portable library implements {', '.join(siblings)} but not "
-               "this overload")
-        fix = ("Call the operator with the arguments of an implemented overload, or add a "
-               f"kernel for {op} to {DK_KERNELS_YAML} (docs/runtime-build.md).")
+        why = (
+            f"ExecuTorch's portable library implements {', '.join(siblings)} but not this overload"
+        )
+        fix = (
+            "Call the operator with the arguments of an implemented overload, or add a "
+            f"kernel for {op} to {DK_KERNELS_YAML} (docs/runtime-build.md)."
+        )
     else:
-        why = ("no kernel library of the runtime build implements it (ExecuTorch's portable "
-               "kernels, the cortex_m kernels, deploykit's firmware/kernels)")
-        fix = ("Rewrite that line with operators that have kernels (deploykit export lists a "
-               f"model's operators), or add a kernel for {op} to {DK_KERNELS_YAML} "
-               "(docs/runtime-build.md).")
-    if flow != "portable_fp32" and namespace == "aten":
-        fix += " A float model may also run with --flow portable_fp32 if that flow covers it."
+        why = (
+            "no kernel library of the runtime build implements it (ExecuTorch's portable "
+            "kernels, the cortex_m kernels, deploykit's firmware/kernels)"
+        )
+        fix = (
+            "Rewrite that line with operators that have kernels (deploykit export lists a "
+            f"model's operators), or add a kernel for {op} to {DK_KERNELS_YAML} "
+            "(docs/runtime-build.md)."
+        )
     return why, fix
 
 
-def uncovered(op_list: Iterable[str], tables: KernelTables, graph_module: Any,
-              model_file: Path | None, flow: str) -> list[UncoveredOperator]:
+def uncovered(
+    op_list: Iterable[str],
+    tables: KernelTables,
+    graph_module: Any,
+    model_file: Path | None,
+) -> list[UncoveredOperator]:
     out = []
     for op in op_list:
         if tables.library(op) is not None:
             continue
-        why, fix = explain(op, tables, flow)
+        why, fix = explain(op, tables)
         out.append(UncoveredOperator(op, source_lines(graph_module, op, model_file), why, fix))
     return out
 
 
-def check_coverage(op_list: Iterable[str], graph_module: Any, model: str,
-                   model_file: Path | None, flow: str,
-                   tables: KernelTables | None = None) -> None:
+def check_coverage(
+    op_list: Iterable[str],
+    graph_module: Any,
+    model: str,
+    model_file: Path | None,
+    flow: str,
+    tables: KernelTables | None = None,
+) -> None:
     """Raise OperatorCoverageError when an operator of `op_list` has no kernel."""
     tables = tables or kernel_tables(workspace_executorch())
-    missing = uncovered(op_list, tables, graph_module, model_file, flow)
+    missing = uncovered(op_list, tables, graph_module, model_file)
     if not missing:
         return
     lines = []
@@ -227,4 +251,5 @@ def check_coverage(op_list: Iterable[str], graph_module: Any, model: str,
     raise OperatorCoverageError(
         f"The {flow} export of '{model}' has operator(s) with no kernel in the runtime build: "
         f"{names}.\n" + "\n".join(lines),
-        "Nothing was planned or compiled. Fix each operator as said above.")
+        "Nothing was planned or compiled. Fix each operator as said above.",
+    )

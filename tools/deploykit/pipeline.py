@@ -538,6 +538,7 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
         instructions_estimate=result.instructions_per_iteration_estimate,
         input_sets=sets, npu_calls=npu_calls_of(records, built.planned.program),
         memory=memory, warnings=warnings,
+        mixed_precision=json.loads(exported.report_path.read_text()).get("mixed_precision", {}),
         elf=built.firmware.elf, flash_bytes=built.firmware.sizes.flash_total, cause=cause,
         log=result.console_log,
         device_outputs=[d.ravel().tolist() if d is not None else [] for d in device],

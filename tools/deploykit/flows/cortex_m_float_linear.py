@@ -25,8 +25,9 @@ def decompose_float_linear_pass() -> Any:
     edge = exir_ops.edge.aten
 
     class DecomposeFloatLinearPass(ExportPass):
-        def call_operator(self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                          meta: Any) -> Any:
+        def call_operator(
+            self, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], meta: Any
+        ) -> Any:
             if op != edge.linear.default:
                 return super().call_operator(op, args, kwargs, meta)
             x, weight = args[0], args[1]
@@ -34,15 +35,19 @@ def decompose_float_linear_pass() -> Any:
             shape = list(x.to_tensor().shape)
             out_features = weight.to_tensor().shape[0]
             w_t = super().call_operator(edge.permute_copy.default, (weight, [1, 0]), {}, meta)
-            flat = x if len(shape) == 2 else super().call_operator(
-                edge.view_copy.default, (x, [-1, shape[-1]]), {}, meta)
+            flat = (
+                x
+                if len(shape) == 2
+                else super().call_operator(edge.view_copy.default, (x, [-1, shape[-1]]), {}, meta)
+            )
             if bias is None:
                 y = super().call_operator(edge.mm.default, (flat, w_t), {}, meta)
             else:
                 y = super().call_operator(edge.addmm.default, (bias, flat, w_t), {}, meta)
             if len(shape) == 2:
                 return y
-            return super().call_operator(edge.view_copy.default,
-                                         (y, [*shape[:-1], out_features]), {}, meta)
+            return super().call_operator(
+                edge.view_copy.default, (y, [*shape[:-1], out_features]), {}, meta
+            )
 
     return DecomposeFloatLinearPass()

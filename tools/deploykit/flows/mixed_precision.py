@@ -36,9 +36,13 @@ from .base import NOTES_NAME
 MAX_FALLBACKS = 8
 _NODE_RE = re.compile(r"While executing %(\w+)")
 _FLOAT_MAC_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::convolution")
-_INT8_MAC_OPS = ("cortex_m::quantized_linear", "cortex_m::quantized_batch_matmul",
-                 "cortex_m::quantized_conv2d", "cortex_m::quantized_depthwise_conv2d",
-                 "cortex_m::quantized_transpose_conv2d")
+_INT8_MAC_OPS = (
+    "cortex_m::quantized_linear",
+    "cortex_m::quantized_batch_matmul",
+    "cortex_m::quantized_conv2d",
+    "cortex_m::quantized_depthwise_conv2d",
+    "cortex_m::quantized_transpose_conv2d",
+)
 
 
 @dataclass(frozen=True)
@@ -66,12 +70,18 @@ class UpstreamFailure:
 
     def log_text(self, model_file: Path, cpu: str, versions: dict[str, str]) -> str:
         return _REPRODUCTION.format(
-            step=self.step, error=self.error, node=self.node, op=self.op, source=self.source,
-            model=model_file.name, cpu=cpu,
-            versions=", ".join(f"{k} {v}" for k, v in versions.items()))
+            step=self.step,
+            error=self.error,
+            node=self.node,
+            op=self.op,
+            source=self.source,
+            model=model_file.name,
+            cpu=cpu,
+            versions=", ".join(f"{k} {v}" for k, v in versions.items()),
+        )
 
 
-_REPRODUCTION = '''\
+_REPRODUCTION = """\
 ExecuTorch's Cortex-M lowering failed; deploykit kept the operator in float and lowered the
 rest to int8 (mixed precision). To take the failure upstream:
 
@@ -101,7 +111,7 @@ edge = to_edge_transform_and_lower(quantized, compile_config=EdgeCompileConfig(
     preserve_ops=[torch.ops.aten.linear.default], _check_ir_validity=False))
 CortexMPassManager(edge.exported_program(),
                    target_config=CortexMTargetConfig.from_target_string("{cpu}")).transform()
-'''
+"""
 
 
 @dataclass
@@ -117,10 +127,12 @@ class LoweringFailure:
     def upstream(self, model_file: Path) -> UpstreamFailure:
         where = innermost_model_line(self.node, model_file) if self.node is not None else None
         return UpstreamFailure(
-            step=self.step, error=self.message,
+            step=self.step,
+            error=self.message,
             node=self.node.name if self.node is not None else "?",
             op=_qualified_name(self.node.target) if self.node is not None else "?",
-            source=where[1] if where else "?")
+            source=where[1] if where else "?",
+        )
 
 
 def _qualified_name(target: Any) -> str:
@@ -140,7 +152,7 @@ def failing_node(exc: BaseException, graph_module: Any) -> Any | None:
 
 
 def op_base(target: Any) -> str:
-    """"bmm" for aten.bmm.default, an edge op, or torch.ops.aten.bmm.out."""
+    """ "bmm" for aten.bmm.default, an edge op, or torch.ops.aten.bmm.out."""
     schema = getattr(target, "_schema", None)
     name = schema.name if schema is not None else getattr(target, "__name__", str(target))
     return name.split("::")[-1].split(".")[0]
@@ -203,15 +215,16 @@ def excluding(quantizer: Any, excluded: list[FloatChoice], model_file: Path) -> 
                 for c in excluded:
                     if c.line != where[0]:
                         continue
-                    if (c.module and (module == c.module or module.startswith(c.module + ".")))\
-                            or (not c.module and op_base(node.target) == c.op):
+                    if (c.module and (module == c.module or module.startswith(c.module + "."))) or (
+                        not c.module and op_base(node.target) == c.op
+                    ):
                         yield node
                         break
 
-    matcher = next(q.pattern_matcher for q in quantizer.quantizers
-                   if hasattr(q, "pattern_matcher"))
-    quantizer.quantizers.insert(0, PatternQuantizer(None, node_finder=ExcludedNodes(),
-                                                    pattern_matcher=matcher))
+    matcher = next(q.pattern_matcher for q in quantizer.quantizers if hasattr(q, "pattern_matcher"))
+    quantizer.quantizers.insert(
+        0, PatternQuantizer(None, node_finder=ExcludedNodes(), pattern_matcher=matcher)
+    )
     return quantizer
 
 
@@ -228,8 +241,13 @@ def _macs(name: str, node: Any) -> int:
     n_out = _numel(out.shape)
     if name in ("aten::addmm",):
         return n_out * int(args[1].shape[-1])
-    if name in ("aten::mm", "aten::bmm", "aten::linear", "cortex_m::quantized_linear",
-                "cortex_m::quantized_batch_matmul"):
+    if name in (
+        "aten::mm",
+        "aten::bmm",
+        "aten::linear",
+        "cortex_m::quantized_linear",
+        "cortex_m::quantized_batch_matmul",
+    ):
         return n_out * int(args[0].shape[-1])
     if name == "aten::convolution" or name.startswith("cortex_m::quantized_") and "conv" in name:
         weight = args[1]
@@ -256,17 +274,21 @@ def float_compute(graph_module: Any, model_file: Path) -> dict[str, Any]:
             macs = _macs(name, node)
             float_macs += macs
             shown = model_line(node.meta.get("stack_trace") or "", model_file) or "?"
-            entry = floats.setdefault((name, shown), {"op": name, "source": shown,
-                                                      "count": 0, "macs": 0})
+            entry = floats.setdefault(
+                (name, shown), {"op": name, "source": shown, "count": 0, "macs": 0}
+            )
             entry["count"] += 1
             entry["macs"] += macs
         elif name.startswith("aten::") and _is_float(node):
             float_other.add(name)
     total = int8_macs + float_macs
-    return {"float_mac_ops": sorted(floats.values(), key=lambda e: -e["macs"]),
-            "float_macs": float_macs, "int8_macs": int8_macs,
-            "float_mac_share": float_macs / total if total else 0.0,
-            "other_float_ops": sorted(float_other)}
+    return {
+        "float_mac_ops": sorted(floats.values(), key=lambda e: -e["macs"]),
+        "float_macs": float_macs,
+        "int8_macs": int8_macs,
+        "float_mac_share": float_macs / total if total else 0.0,
+        "other_float_ops": sorted(float_other),
+    }
 
 
 def _is_float(node: Any) -> bool:
@@ -282,9 +304,36 @@ def summary(report: dict[str, Any], choices: list[FloatChoice]) -> str:
     share = report["float_mac_share"]
     parts = [f"{e['op'].split('::')[-1]} x{e['count']} at {e['source']}" for e in ops[:4]]
     more = f" and {len(ops) - 4} more" if len(ops) > 4 else ""
-    why = (f" The int8 lowering failed on: {'; '.join(c.describe() for c in choices)}; "
-           f"these stay float (the upstream failure and its reproduction: {NOTES_NAME})."
-           if choices else "")
-    return (f"Mixed precision: {100 * share:.1f}% of the MACs run in float "
-            f"({report['float_macs']:,} float, {report['int8_macs']:,} int8 MACs): "
-            f"{', '.join(parts)}{more}.{why}")
+    why = (
+        f" The int8 lowering failed on: {'; '.join(c.describe() for c in choices)}; "
+        f"these stay float (the upstream failure and its reproduction: {NOTES_NAME})."
+        if choices
+        else ""
+    )
+    return (
+        f"Mixed precision: {100 * share:.1f}% of the MACs run in float "
+        f"({report['float_macs']:,} float, {report['int8_macs']:,} int8 MACs): "
+        f"{', '.join(parts)}{more}.{why}"
+    )
+
+
+def describe_float(report: dict[str, Any]) -> list[str]:
+    """Lines for a run report: what ran in float, with model lines and the MAC share."""
+    if not report or not (report.get("float_mac_ops") or report.get("kept_in_float")):
+        return []
+    lines = [
+        f"float operators (mixed precision; {100 * report['float_mac_share']:.1f}% of "
+        f"the MACs, {report['float_macs']:,} of "
+        f"{report['float_macs'] + report['int8_macs']:,}):"
+    ]
+    lines += [
+        f"  {e['op']} x{e['count']} ({e['macs']:,} MACs) at {e['source']}"
+        for e in report["float_mac_ops"]
+    ]
+    if report.get("other_float_ops"):
+        lines.append(f"  also float: {', '.join(report['other_float_ops'])}")
+    if report.get("kept_in_float"):
+        lines.append(
+            f"  kept in float after an int8 lowering failure: {'; '.join(report['kept_in_float'])}"
+        )
+    return lines
