@@ -87,7 +87,7 @@ class CortexMInt8(Flow):
         while True:
             quantizer = excluding(CortexMQuantizer(), excluded, spec.source_path)
             converted, reference, eager = quantize_pt2e(spec, st, inputs, calibration,
-                                                        quantizer)
+                                                        quantizer, _recurrent_ops())
             with st.step("torch.export (quantized)"):
                 qep = torch.export.export(converted, inputs)
             with st.step("to_edge_transform_and_lower"):
@@ -214,6 +214,17 @@ def _target_config(cpu: str) -> Any:
         raise ConfigError(f"CPU '{cpu}' is not supported by the ExecuTorch Cortex-M backend: "
                           f"{e}", f"Supported: {supported}.") from e
     return cfg
+
+
+def _recurrent_ops() -> tuple[Any, ...]:
+    """Recurrent layers torch.export keeps whole (aten.gru.input, ...): decomposed before
+    quantizing, into the linears, gates and state updates they are made of, so that the
+    quantizer can make their matmuls CMSIS-NN linears; otherwise to_edge decomposes them
+    after quantization and all of their work stays float."""
+    import torch
+
+    aten = torch.ops.aten
+    return (aten.gru.input, aten.lstm.input, aten.rnn_tanh.input, aten.rnn_relu.input)
 
 
 def _versions() -> dict[str, str]:
