@@ -1,11 +1,14 @@
 """cortex_m_int8: int8 on the CMSIS-NN kernels of ExecuTorch's Cortex-M backend.
 
-``CortexMQuantizer`` + PT2E ``prepare_pt2e`` / calibrate / ``convert_pt2e`` (flows/pt2e.py) ->
-torch.export -> ``to_edge_transform_and_lower`` with the Cortex-M edge config of
-``backends/cortex_m/test/tester.py`` -> ``CortexMPassManager`` for the board CPU
-(``CortexMTargetConfig``: MVE/DSP/scalar CMSIS-NN paths take differently laid-out constants,
-so the ``.pte`` is CPU-specific) -> ``to_executorch``. 4-D float inputs are made channels-last
-(the CMSIS-NN kernels are NHWC), so such an input's bytes are NHWC on the device: see
+``CortexMQuantizer`` + PT2E ``prepare_pt2e`` / calibrate / ``convert_pt2e`` (flows/pt2e.py;
+recurrent layers decomposed first) -> torch.export -> ``to_edge_transform_and_lower`` with the
+Cortex-M edge config of ``backends/cortex_m/test/tester.py`` -> the passes of
+``CortexMPassManager`` for the board CPU (``CortexMTargetConfig``: MVE/DSP/scalar CMSIS-NN
+paths take differently laid-out constants, so the ``.pte`` is CPU-specific); where they fail,
+the failing operator is kept in float and the whole is redone (flows/mixed_precision.py) ->
+float linears to ``addmm`` (flows/cortex_m_float_linear.py) -> ``to_executorch``. 4-D float
+inputs are made channels-last (the CMSIS-NN kernels are NHWC), so such an input's bytes are
+NHWC on the device: see
 ``input_dim_orders`` / ``export.memory_order_bytes``. The ``.pte`` cannot run on the host (no
 ``cortex_m::`` kernels there), so the reference is the lowered graph run through the
 cortex_m ops' Python reference code (integer arithmetic modelled on CMSIS-NN), else the
@@ -51,7 +54,8 @@ class CortexMInt8(Flow):
     summary = "int8 on CMSIS-NN through ExecuTorch's cortex_m backend (any Cortex-M)"
     quantization = "int8 PT2E with CortexMQuantizer (per-tensor activations)"
     lowering = ("to_edge_transform_and_lower + CortexMPassManager for the board CPU's "
-                "CMSIS-NN path (MVE, DSP or scalar)")
+                "CMSIS-NN path (MVE, DSP or scalar); what it cannot take stays float "
+                "(mixed precision, --strict to refuse)")
     host_reference = ("the lowered graph through the cortex_m ops' integer reference "
                       "(CMSIS-NN semantics), else the quantized PT2E model")
     quantized = True
