@@ -1,16 +1,15 @@
 """cortex_m_int8: int8 on the CMSIS-NN kernels of ExecuTorch's Cortex-M backend.
 
-``CortexMQuantizer`` + PT2E ``prepare_pt2e`` / calibrate / ``convert_pt2e`` (flows/pt2e.py;
-recurrent layers decomposed first) -> torch.export -> ``to_edge_transform_and_lower`` with the
-Cortex-M edge config of ``backends/cortex_m/test/tester.py`` -> the passes of
-``CortexMPassManager`` for the board CPU (``CortexMTargetConfig``: MVE/DSP/scalar CMSIS-NN
-paths take differently laid-out constants, so the ``.pte`` is CPU-specific); where they fail,
-the failing operator is kept in float and the whole is redone (flows/mixed_precision.py) ->
-float linears to ``addmm`` (flows/cortex_m_float_linear.py) -> ``to_executorch``. 4-D float
-inputs are made channels-last (the CMSIS-NN kernels are NHWC), so such an input's bytes are
-NHWC on the device: see
-``input_dim_orders`` / ``export.memory_order_bytes``. The ``.pte`` cannot run on the host (no
-``cortex_m::`` kernels there), so the reference is the lowered graph run through the
+``CortexMQuantizer`` + PT2E ``prepare_pt2e`` / calibrate / ``convert_pt2e`` (flows/pt2e.py) ->
+torch.export -> ``to_edge_transform_and_lower`` with the Cortex-M edge config of
+``backends/cortex_m/test/tester.py`` -> the passes of ``CortexMPassManager`` for the board CPU
+(``CortexMTargetConfig``: MVE/DSP/scalar CMSIS-NN paths take differently laid-out constants,
+so the ``.pte`` is CPU-specific); where they fail, the failing operator is kept in float and
+the whole is redone (flows/mixed_precision.py) -> float linears to ``addmm``
+(flows/cortex_m_float_linear.py) -> ``to_executorch``. 4-D float inputs are made
+channels-last (the CMSIS-NN kernels are NHWC), so such an input's bytes are NHWC on the
+device: see ``input_dim_orders`` / ``export.memory_order_bytes``. The ``.pte`` cannot run on
+the host (no ``cortex_m::`` kernels there), so the reference is the lowered graph run through the
 cortex_m ops' Python reference code (integer arithmetic modelled on CMSIS-NN), else the
 converted PT2E model run in PyTorch.
 """
@@ -91,7 +90,7 @@ class CortexMInt8(Flow):
         while True:
             quantizer = excluding(CortexMQuantizer(), excluded, spec.source_path)
             converted, reference, eager = quantize_pt2e(spec, st, inputs, calibration,
-                                                        quantizer, _recurrent_ops())
+                                                        quantizer)
             with st.step("torch.export (quantized)"):
                 qep = torch.export.export(converted, inputs)
             with st.step("to_edge_transform_and_lower"):
@@ -218,17 +217,6 @@ def _target_config(cpu: str) -> Any:
         raise ConfigError(f"CPU '{cpu}' is not supported by the ExecuTorch Cortex-M backend: "
                           f"{e}", f"Supported: {supported}.") from e
     return cfg
-
-
-def _recurrent_ops() -> tuple[Any, ...]:
-    """Recurrent layers torch.export keeps whole (aten.gru.input, ...): decomposed before
-    quantizing, into the linears, gates and state updates they are made of, so that the
-    quantizer can make their matmuls CMSIS-NN linears; otherwise to_edge decomposes them
-    after quantization and all of their work stays float."""
-    import torch
-
-    aten = torch.ops.aten
-    return (aten.gru.input, aten.lstm.input, aten.rnn_tanh.input, aten.rnn_relu.input)
 
 
 def _versions() -> dict[str, str]:

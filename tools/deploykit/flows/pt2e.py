@@ -14,22 +14,15 @@ if TYPE_CHECKING:
 
 
 def quantize_pt2e(spec: ModelSpec, st: Stages, inputs: tuple[Any, ...],
-                   calibration: list[tuple[Any, ...]], quantizer: Any,
-                   decompose: tuple[Any, ...] = ()) -> tuple[Any, list, list]:
+                   calibration: list[tuple[Any, ...]], quantizer: Any) -> tuple[Any, list, list]:
     """torch.export → PT2E prepare → calibrate → convert; the quantized model and its and the
-    float model's outputs on `inputs`. Shared by the int8 flows; only the quantizer differs.
-    `decompose`: operators to decompose before quantizing (torch's own decompositions), so
-    that the quantizer sees what they are made of (a GRU's linears and gates)."""
+    float model's outputs on `inputs`. Shared by the int8 flows; only the quantizer differs."""
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     with st.step("torch.export", "Make the model exportable with torch.export.export(model, "
                  "example_inputs()) (no data-dependent Python control flow)."):
         exported = torch.export.export(spec.module, inputs)
-        if decompose:
-            from torch._decomp import get_decompositions
-
-            exported = exported.run_decompositions(get_decompositions(list(decompose)))
         try:
             # torch 2.13 adds a _guards_fn call_module that the Arm/Cortex-M passes reject.
             graph_module = exported.module(check_guards=False)
