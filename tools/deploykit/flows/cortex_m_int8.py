@@ -71,7 +71,6 @@ class CortexMInt8(Flow):
             import torch
             from executorch.backends.cortex_m.quantizer.quantizer import CortexMQuantizer
             from executorch.exir import to_edge_transform_and_lower
-            from executorch.exir.passes.constant_prop_pass import constant_prop_pass
             from executorch.exir.program._program import _transform
 
         cpu_target = _target_config(target.cpu)
@@ -109,8 +108,7 @@ class CortexMInt8(Flow):
         with st.step("float linears to addmm"):
             lowered = _transform(lowered, decompose_float_linear_pass())
             if options.fold_constants:
-                # Folds the weight transposes of the float linears into constants.
-                lowered = constant_prop_pass(lowered)
+                lowered = _fold_weight_transposes(lowered)
             # Upstream (tester.py, aot_arm_compiler.py) swaps the program in the same way.
             edge._edge_programs["forward"] = lowered
             input_quant, output_quant = io_quant(lowered)
@@ -217,6 +215,18 @@ def _target_config(cpu: str) -> Any:
         raise ConfigError(f"CPU '{cpu}' is not supported by the ExecuTorch Cortex-M backend: "
                           f"{e}", f"Supported: {supported}.") from e
     return cfg
+
+
+def _fold_weight_transposes(ep: Any) -> Any:
+    """Fold the float linears' weight transposes (permute_copy of a constant) into constants,
+    and nothing else: the Cortex-M passes' scratch tensors are constant-computable too, but
+    must stay memory-planned (CMSIS-NN writes them)."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+
+    permute = exir_ops.edge.aten.permute_copy.default
+    others = {n.target for n in ep.graph.nodes if n.op == "call_function"} - {permute}
+    return constant_prop_pass(ep, custom_skip_targets=others)
 
 
 def _versions() -> dict[str, str]:
