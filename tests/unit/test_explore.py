@@ -178,3 +178,18 @@ def test_a_taken_port_is_refused(tools, tmp_path):
         with pytest.raises(ConfigError, match=f"Port {taken} on 127.0.0.1 is in use"):
             explore.free_port(taken)
     assert explore.free_port(None) > 0
+
+
+def test_an_export_removes_a_previous_exports_tosa_files(tmp_path):
+    """A CPU-only export into a directory an Ethos-U export used: the old delegate_<i>.tosa
+    must go, or explore --tosa would show a graph that is not in this .pte."""
+    pytest.importorskip("executorch")
+    from deploykit.export import export
+    from deploykit.models import load_model
+
+    stale = tmp_path / "delegate_0.tosa"
+    stale.write_bytes(b"old")
+    export(load_model("tiny_cnn", REPO), "cortex_m_int8", tmp_path, cpu="cortex-m55")
+    assert not stale.exists()
+    with pytest.raises(ConfigError, match="No TOSA graph beside"):
+        explore.tosa_files(tmp_path / "model.pte")
