@@ -90,13 +90,15 @@ def inspect(pte: Path) -> ProgramInfo:
 
 def explore(pte: Path, port: int | None = None, open_browser: bool = True, *,
             tosa: bool = False, node_data: Sequence[Path] = (), wheels: Path | None = None,
-            progress: Callable[[str], None] | None = None) -> ExploreSession:
+            progress: Callable[[str], None] | None = None,
+            on_ready: Callable[[ExploreSession], None] | None = None) -> ExploreSession:
     """Serve `pte` (or, `tosa`, its delegates' TOSA graphs) in Google's Model Explorer, run
-    from its own tool environment (created on first use), until Ctrl-C."""
+    from its own tool environment (created on first use), until Ctrl-C. `on_ready` is told
+    the URL once the server answers."""
     from .explore import explore as run
 
     return run(pte, port=port, open_browser=open_browser, tosa=tosa, node_data=node_data,
-               wheels=wheels, progress=progress)
+               wheels=wheels, progress=progress, on_ready=on_ready)
 
 
 def explore_setup(wheels: Path | None = None,

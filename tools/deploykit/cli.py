@@ -346,9 +346,13 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
             raise ConfigError("explore needs a .pte file.",
                               "deploykit explore build/<board>/<model>/export/model.pte, or "
                               "--setup to only create the Model Explorer environment.")
+        def ready(session: Any) -> None:
+            out.result(session, f"Model Explorer: {session.url}\n(Ctrl-C stops it)")
+            sys.stdout.flush()  # the URL now, while the server runs
+
         api.explore(args.pte, port=args.port, open_browser=not args.no_browser,
                     tosa=args.tosa, node_data=args.node_data, wheels=args.wheels,
-                    progress=out.progress)
+                    progress=out.progress, on_ready=ready)
         return 0
     if cmd == "inspect":
         info = api.inspect(args.pte)

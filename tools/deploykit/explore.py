@@ -194,7 +194,8 @@ def explore(
     on_ready: Callable[[ExploreSession], None] | None = None,
 ) -> ExploreSession:
     """Serve Model Explorer on `pte` (or, with `tosa`, its delegates' TOSA graphs) until the
-    server ends or Ctrl-C stops it. `on_ready` is told the session once the server answers."""
+    server ends or Ctrl-C stops it. `on_ready` is told the session once the server answers
+    (default: print the URL)."""
     say = progress or (lambda _msg: None)
     pte = Path(pte)
     if not pte.is_file():
@@ -283,11 +284,9 @@ def _serve(
                 "Run `deploykit doctor`; try another --port.",
             )
         session = ExploreSession(found[0], port, models, overlays)
-        print(f"Model Explorer: {session.url}\n(Ctrl-C stops it)", flush=True)
+        (on_ready or _print_url)(session)
         if open_browser:
             webbrowser.open_new_tab(session.url)
-        if on_ready is not None:
-            on_ready(session)
         code = proc.wait()
         if code != 0:
             raise EnvironmentProblem(
@@ -302,6 +301,10 @@ def _serve(
     finally:
         _stop(proc)
         reader.join(timeout=2)
+
+
+def _print_url(session: ExploreSession) -> None:
+    print(f"Model Explorer: {session.url}\n(Ctrl-C stops it)", flush=True)
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
