@@ -318,7 +318,14 @@ def test_headless_chromium_shows_the_partitioned_graph(
     model_explorer_env, mobilenet_v2_lrn_ethos_u, tmp_path
 ):
     lrn_pte = mobilenet_v2_lrn_ethos_u.pte_path
-    served = Served(str(lrn_pte))
+    # A further overlay through --node-data (the hook per-operator time and error use): a
+    # value on the second delegate call, by the adapter's node id.
+    nodes = explore.adapter_nodes(model_explorer_env, lrn_pte)
+    second = [n for n in nodes if n.instruction == "DelegateCall"][1]
+    extra = explore.node_data_file(
+        tmp_path / "extra.json", "extra overlay", {(second.graph, second.id): 42.0}
+    )
+    served = Served(str(lrn_pte), "--node-data", str(extra))
     try:
         with chromium.Browser() as browser:
             browser.goto(served.url)
@@ -343,6 +350,7 @@ def test_headless_chromium_shows_the_partitioned_graph(
     for label in ("EthosUBackend", "aten::avg_pool3d", "cortex_m::quantize_per_tensor"):
         assert label in labels and label in text
     assert re.search(r"Sum\s+2\b", text)  # two nodes on the NPU
+    assert "extra overlay" in text and re.search(r"\b42\b", text)
 
 
 @pytest.mark.skipif(chromium.CHROMIUM is None, reason=chromium.SKIP_REASON)
@@ -370,6 +378,36 @@ def test_headless_chromium_shows_the_tosa_graph(model_explorer_env, ethos_u_pte,
     assert f"op node count\n\t\n{sum(ops.values()) - ops['CONST'] + 2}" in text
     labels = Counter(n["label"] for g in graph["graphs"] for n in g["nodes"])
     assert labels["CONV2D"] == ops["CONV2D"] > 0
+
+
+def test_ctrl_c_while_creating_leaves_nothing(tmp_path):
+    """Ctrl-C during the pip install of a first use: deploykit exits 130 and neither the
+    environment nor its temporary directory is left (the next use starts clean)."""
+    tools = tmp_path / "tools"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "tools"), tool_env.TOOLS_DIR_ENV: str(tools)}
+    env.pop(tool_env.WHEELS_ENV, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploykit", "explore", "--setup"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("· installing "):
+            break
+    time.sleep(1)
+    if proc.poll() is not None:
+        pytest.skip(f"the install ended before the interrupt: {''.join(seen[-3:])}")
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(seen) + err
+    assert "deploykit: interrupted" in err and "Traceback" not in err
+    assert [p.name for p in tools.iterdir()] == [f".{tool_env.env_path().name}.lock"]
 
 
 @pytest.mark.slow

@@ -234,10 +234,16 @@ def _run(cmd: list[str], say: Progress, what: str, hint: str, quiet: bool = Fals
     )
     lines: list[str] = []
     assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line.rstrip())
-        if not quiet and line.startswith(("Collecting", "Installing", "Successfully")):
-            say(line.strip())
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if not quiet and line.startswith(("Collecting", "Installing", "Successfully")):
+                say(line.strip())
+    except BaseException:
+        # Ctrl-C: pip must be gone before the caller removes the directory it writes into.
+        proc.kill()
+        proc.wait()
+        raise
     if proc.wait() != 0:
         tail = "\n".join(
             ln for ln in lines if ln.strip() and not ln.startswith("WARNING: Location")
