@@ -193,3 +193,12 @@ def test_an_export_removes_a_previous_exports_tosa_files(tmp_path):
     assert not stale.exists()
     with pytest.raises(ConfigError, match="No TOSA graph beside"):
         explore.tosa_files(tmp_path / "model.pte")
+
+
+def test_a_path_with_a_comma_is_refused_before_any_work(tools, tmp_path, capsys):
+    odd = tmp_path / "a,b"
+    odd.mkdir()
+    (odd / "model.pte").write_bytes(b"p")
+    assert main(["explore", "--no-browser", str(odd / "model.pte")]) == int(ExitCode.CONFIG)
+    assert "its path has a comma" in capsys.readouterr().err
+    assert not tools.exists()

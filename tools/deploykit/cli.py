@@ -346,6 +346,7 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
             raise ConfigError("explore needs a .pte file.",
                               "deploykit explore build/<board>/<model>/export/model.pte, or "
                               "--setup to only create the Model Explorer environment.")
+
         def ready(session: Any) -> None:
             out.result(session, f"Model Explorer: {session.url}\n(Ctrl-C stops it)")
             sys.stdout.flush()  # the URL now, while the server runs

@@ -207,8 +207,14 @@ def explore(
                 f"No node data file at {p}.", "Give a Model Explorer node data JSON file."
             )
     models = tosa_files(pte) if tosa else [pte]
+    for p in [*models, *extra]:
+        if "," in str(p.resolve()):  # Model Explorer splits its file lists at commas
+            raise ConfigError(
+                f"Model Explorer cannot open {p}: its path has a comma.",
+                "Move or link the file to a path without one.",
+            )
+    port = free_port(port)  # a bad --port is refused before any environment work
     env = ensure(wheels=wheels, progress=say)
-    port = free_port(port)
     with tempfile.TemporaryDirectory(prefix="dk-explore-") as tmp:
         overlays = list(extra)
         if not tosa:
@@ -221,8 +227,15 @@ def explore(
                         Path(tmp) / "segment.json", "segment (1 = NPU, 0 = CPU)", segments
                     ),
                 )
-        session_files = (tuple(m.resolve() for m in models), tuple(overlays))
-        return _serve(env, port, *session_files, open_browser, say, on_ready)
+        return _serve(
+            env,
+            port,
+            tuple(m.resolve() for m in models),
+            tuple(overlays),
+            open_browser,
+            say,
+            on_ready,
+        )
 
 
 def _serve(
