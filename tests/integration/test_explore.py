@@ -219,6 +219,10 @@ class Served:
             text=True,
             env=env,
             start_new_session=True,
+            # As in a terminal's foreground job: SIGINT at its default (a shell's background
+            # job, such as a CI step, may hand it down ignored; Python then never raises
+            # KeyboardInterrupt).
+            preexec_fn=_default_sigint,
         )
         self.out: list[str] = []
         deadline = time.monotonic() + 180
@@ -278,6 +282,19 @@ class Served:
         return reply
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie: an orphan's exit status waits for whatever reaps it here."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _listening_addresses(port: int) -> set[str]:
     """Local addresses listening on `port`, from /proc/net/tcp{,6} (hex, as the kernel
     lists them)."""
@@ -302,7 +319,22 @@ def test_server_on_loopback_stops_on_ctrl_c(model_explorer_env, ethos_u_pte):
     code, err = served.interrupt()
     assert code == 0, err
     assert "Model Explorer stopped." in err and "Traceback" not in err
-    assert not [p for p in servers if Path(f"/proc/{p}").exists()]
+    assert not [p for p in servers if _running(p)]
+    assert not _listening_addresses(served.port)
+
+
+def test_a_killed_deploykit_leaves_no_server(model_explorer_env, ethos_u_pte):
+    """deploykit killed outright (no Ctrl-C handling): the server, in a session of its own,
+    still ends with it instead of holding the port."""
+    served = Served(str(ethos_u_pte))
+    servers = served.server_pids()
+    assert servers and _listening_addresses(served.port)
+    os.killpg(served.proc.pid, signal.SIGKILL)
+    served.proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and [p for p in servers if _running(p)]:
+        time.sleep(0.2)
+    assert not [p for p in servers if _running(p)]
     assert not _listening_addresses(served.port)
 
 
@@ -393,6 +425,7 @@ def test_ctrl_c_while_creating_leaves_nothing(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_default_sigint,
     )
     assert proc.stderr is not None
     seen = []

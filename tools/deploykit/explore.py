@@ -272,6 +272,7 @@ def _serve(
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         start_new_session=True,
+        preexec_fn=_end_with_parent,
     )
     ready = threading.Event()
     found: list[str] = []
@@ -314,6 +315,17 @@ def _serve(
     finally:
         _stop(proc)
         reader.join(timeout=2)
+
+
+def _end_with_parent() -> None:
+    """In the server process (Linux): SIGTERM when deploykit ends, however it ends, so that
+    a killed deploykit leaves no server holding the port (its own session shields it from the
+    terminal's signals)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _print_url(session: ExploreSession) -> None:
