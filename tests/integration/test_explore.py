@@ -338,6 +338,15 @@ def test_a_killed_deploykit_leaves_no_server(model_explorer_env, ethos_u_pte):
     assert not _listening_addresses(served.port)
 
 
+EXPAND_ALL = """(() => {
+  const icon = [...document.querySelectorAll("mat-icon")]
+    .find(e => e.textContent.trim() === "unfold_more_double");
+  if (!icon) return "no expand-all button";
+  icon.click();
+  return "clicked";
+})()"""
+
+
 def _artifacts(tmp_path: Path) -> Path:
     out = Path(os.environ.get("DEPLOYKIT_TEST_ARTIFACTS") or tmp_path)
     out.mkdir(parents=True, exist_ok=True)
@@ -368,6 +377,10 @@ def test_headless_chromium_shows_the_partitioned_graph(
                 "document.body.innerText.includes('EthosUBackend') && document.body.innerText",
                 timeout=120,
             )
+            # Open the method's layer (Model Explorer's "expand all layers" button) so the
+            # screenshot shows the nodes coloured by segment; the check above is the graph's.
+            assert browser.evaluate(EXPAND_ALL) == "clicked"
+            time.sleep(3)  # the layout animation, for the picture only
             shot = browser.screenshot(_artifacts(tmp_path) / "explore-mobilenet_v2_lrn.png")
         graph = served.graph_api(lrn_pte, PTE_ADAPTER_ID)
     finally:
