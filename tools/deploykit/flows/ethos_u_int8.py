@@ -12,9 +12,8 @@ the NPU's integer semantics. Its difference from the converted PT2E model is rec
 (``reference.tosa_reference_check``; ``pt2e_output_<i>`` in reference.npz); the PT2E model is
 the fallback reference when the TOSA run fails. Each delegate's TOSA flatbuffer is kept
 beside the .pte as ``delegate_<i>.tosa`` (``deploykit explore --tosa``). ``export.json`` gets
-``partition``: the graph
-in execution order (delegate segments with their edge ops and Vela's summary, CPU op runs),
-keyed by delegate index, which ``deploykit inspect`` shows.
+``partition``: the graph in execution order (delegate segments with their edge ops and Vela's
+summary, CPU op runs), keyed by delegate index, which ``deploykit inspect`` shows.
 """
 
 from __future__ import annotations
