@@ -58,6 +58,8 @@ def test_offline_creation_fails_clearly_and_leaves_nothing(tools, tmp_path, caps
     the wheels; no environment (complete or partial) is left behind."""
     wheels = tmp_path / "wheels"
     wheels.mkdir()
+    killed = tools / f".{tool_env.env_path().name}.killed.tmp"  # a killed creator's leftover
+    (killed / "bin").mkdir(parents=True)
     assert main(["explore", "--setup", "--wheels", str(wheels)]) == int(ExitCode.ENVIRONMENT)
     err = capsys.readouterr().err
     assert "deploykit: error: Creating the Model Explorer environment failed in pip install" in err
@@ -65,7 +67,7 @@ def test_offline_creation_fails_clearly_and_leaves_nothing(tools, tmp_path, caps
     assert "--wheels DIR" in err and tool_env.WHEELS_ENV in err and "pip download -d DIR" in err
     assert "Traceback" not in err
     left = sorted(p.name for p in tools.iterdir())
-    assert left == [f".{tool_env.env_path().name}.lock"]  # no env, no temp directory
+    assert left == [f".{tool_env.env_path().name}.lock"]  # no env, no temp directory at all
     assert not tool_env.state().ready
 
 

@@ -137,6 +137,9 @@ def ensure(wheels: Path | None = None, progress: Progress | None = None) -> Tool
         versions = _read_mark(path)  # made by another deploykit while this one waited
         if versions is not None:
             return ToolEnv(path, versions)
+        # What a killed creator left (its temporary directory): no one else is creating now.
+        for leftover in path.parent.glob(f".{path.name}.*.tmp"):
+            shutil.rmtree(leftover, ignore_errors=True)
         return _create(path, Path(wheels) if wheels else None, say)
 
 
