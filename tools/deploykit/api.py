@@ -8,8 +8,9 @@ with the conventions every command shares (output directories, board defaults, p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .boards import Board, available_boards, board_origin, load_board
 from .errors import ConfigError
@@ -19,6 +20,10 @@ from .inspect_pte import ProgramInfo, inspect_pte
 from .npu import npu_config, with_npu_overrides
 from .profiles import resolve_profile
 from .sources import SourceOverride, Workspace
+
+if TYPE_CHECKING:
+    from .explore import ExploreSession
+    from .tool_env import ToolEnv
 
 Progress = Callable[[str], None]
 
@@ -83,11 +88,25 @@ def inspect(pte: Path) -> ProgramInfo:
     return inspect_pte(pte)
 
 
-def explore(pte: Path, port: int | None = None, open_browser: bool = True) -> None:
-    """Open `pte` in Google's Model Explorer with Arm's PTE adapter (optional extra)."""
+def explore(pte: Path, port: int | None = None, open_browser: bool = True, *,
+            tosa: bool = False, node_data: Sequence[Path] = (), wheels: Path | None = None,
+            progress: Callable[[str], None] | None = None,
+            on_ready: Callable[[ExploreSession], None] | None = None) -> ExploreSession:
+    """Serve `pte` (or, `tosa`, its delegates' TOSA graphs) in Google's Model Explorer, run
+    from its own tool environment (created on first use), until Ctrl-C. `on_ready` is told
+    the URL once the server answers."""
     from .explore import explore as run
 
-    run(pte, port=port, open_browser=open_browser)
+    return run(pte, port=port, open_browser=open_browser, tosa=tosa, node_data=node_data,
+               wheels=wheels, progress=progress, on_ready=on_ready)
+
+
+def explore_setup(wheels: Path | None = None,
+                  progress: Callable[[str], None] | None = None) -> ToolEnv:
+    """Create Model Explorer's tool environment if there is none (deploykit.tool_env)."""
+    from .tool_env import ensure
+
+    return ensure(wheels=wheels, progress=progress)
 
 
 def describe_program(info: ProgramInfo) -> str:
