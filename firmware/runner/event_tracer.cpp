@@ -38,7 +38,7 @@ using executorch::runtime::Result;
 #define DK_TRACE_INTERMEDIATES 0
 #endif
 
-/* ---- the event clock (a board fact: boards/*.yaml timer.event_clock) ---- */
+/* ---- the event clock (a board fact: boards/<board>.yaml timer.event_clock) ---- */
 #if defined(DK_EVENT_CLOCK_SYSTICK)
 #define DK_EVENT_CLOCK_KIND 1u
 static void event_clock_init(void) {}

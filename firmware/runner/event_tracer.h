@@ -5,7 +5,7 @@
  * as a record of the result protocol the moment it ends (docs/protocol.md, types 10-13); the host
  * rebuilds the ETDump from the records (tools/deploykit/profiling/etdump.py).
  *
- * Time: the board's event clock (boards/*.yaml `timer.event_clock`, passed as DK_EVENT_CLOCK_*):
+ * Time: the board's event clock (boards/<board>.yaml `timer.event_clock`, passed as DK_EVENT_CLOCK_*):
  * SysTick through dk_ticks() (its 24-bit wrap counted by the SysTick interrupt), DWT CYCCNT or
  * the Armv8.1-M PMU cycle counter (32 bits, extended to 64 in software). Every timestamp the
  * tracer reports is on a clock that stops while the tracer itself runs: the ticks spent inside
