@@ -211,6 +211,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, help="relative tolerance, added to --atol")
     _board_selection(p)
 
+    p = sub.add_parser("profile", help="per-operator time on the board: a table, profile.json, "
+                       "an SVG chart and an ETDump for ExecuTorch's Inspector",
+                       description="Build the firmware with deploykit's streaming EventTracer "
+                       "(and the plain firmware, to measure what profiling costs in RAM), run "
+                       "both on the board's runner and print one row per operator: kernel "
+                       "(portable, cortex_m = CMSIS-NN, delegate), calls, time (instructions "
+                       "under QEMU, cycles on hardware, and microseconds), share and cumulative "
+                       "share of execute(). Writes <out>/profile/: profile.json, profile.svg and "
+                       "model.etdump, which executorch.devtools.Inspector opens with "
+                       "<out>/export/model.etrecord (docs/profiling.md).")
+    _common(p)
+    _fit_option(p)
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds before a silent simulator is killed (default 120)")
+    _board_selection(p)
+
     p = sub.add_parser("flash", help="flash a built firmware onto a board (picotool, the "
                        "BOOTSEL drive, or SWD; see the board file's flashers)",
                        description="Flash a firmware built by `deploykit build` (--model) or "
@@ -368,6 +384,11 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
                          atol=args.atol, rtol=args.rtol, fit=args.fit)
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
+    if cmd == "profile":
+        profiled = api.profile(**common, timeout=args.timeout,
+                               runner_options=_given_runner_options(args), fit=args.fit)
+        out.result(profiled.json(), profiled.text())
+        return 0
     raise AssertionError(cmd)
 
 

@@ -99,6 +99,10 @@ class FlowResult:
     report: dict[str, Any] = field(default_factory=dict)  # flow entries of export.json
     reference_report: dict[str, Any] = field(default_factory=dict)  # under "reference"
     warnings: list[str] = field(default_factory=list)
+    # ExecuTorch's ETRecord of this export (executorch.devtools), written beside the .pte as
+    # model.etrecord, so that Inspector can read a profile's ETDump with it; None when the flow
+    # makes none.
+    etrecord: Any = None
 
 
 class Flow(abc.ABC):

@@ -10,10 +10,11 @@ in nanoseconds of the event clock, with the tracer's cost taken out (Inspector's
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
-from deploykit.profiling.trace import EXECUTE, Profile
 from deploykit.fsutil import write_atomic
+from deploykit.profiling.trace import EXECUTE, Profile
 
 RUN_NAME = "Execute"
 
@@ -31,25 +32,40 @@ def etdump_bytes(profile: Profile) -> bytes:
     ns = 1e9 / profile.clock_hz
     runs: list[list] = []
     current: list = []
+    windows = [(t.event.start, t.event.end) for t in profile.events if t.event.name == EXECUTE]
     for t in sorted(profile.events, key=lambda t: t.event.end):
         e = t.event
-        if e.name == "Method::init":  # load_method's, outside every execute()
-            continue
+        if not any(start <= e.start and e.end <= end for start, end in windows):
+            continue  # load_method's events: ETDumpGen keeps them out of the Execute blocks too
         start = int(round(e.start * ns))
-        current.append(Event(
-            profile_event=ProfileEvent(
-                name=e.name, chain_index=e.chain, instruction_id=e.debug_handle,
-                # The schema's "none" values (-1, ""), as ETDumpGen writes them.
-                delegate_debug_id_int=e.delegate_id if e.delegate_id >= 0 else -1,
-                delegate_debug_id_str="", delegate_debug_metadata=b"",
-                start_time=start, end_time=start + int(round(t.ticks * ns))),
-            allocation_event=None, debug_event=None))
+        current.append(
+            Event(
+                profile_event=ProfileEvent(
+                    name=e.name,
+                    chain_index=e.chain,
+                    instruction_id=e.debug_handle,
+                    # The schema's "none" values (-1, ""), as ETDumpGen writes them.
+                    delegate_debug_id_int=e.delegate_id if e.delegate_id >= 0 else -1,
+                    delegate_debug_id_str="",
+                    delegate_debug_metadata=b"",
+                    start_time=start,
+                    end_time=start + int(round(t.ticks * ns)),
+                ),
+                allocation_event=None,
+                debug_event=None,
+            )
+        )
         if e.name == EXECUTE:  # sent last of its run: it ends after everything inside it
             runs.append(current)
             current = []
-    data = [RunData(name=RUN_NAME, bundled_input_index=-1, allocators=[], events=events)
-            for events in runs]
-    return serialize_to_etdump_flatcc(ETDumpFlatCC(version=0, run_data=data))
+    data = [
+        RunData(name=RUN_NAME, bundled_input_index=-1, allocators=[], events=events)
+        for events in runs
+    ]
+    flatbuffer = serialize_to_etdump_flatcc(ETDumpFlatCC(version=0, run_data=data))
+    # ETDump files are size-prefixed flatbuffers (ETDumpGen finishes its builder that way, and
+    # Inspector reads them so): the standard 32-bit little-endian length before the buffer.
+    return struct.pack("<I", len(flatbuffer)) + flatbuffer
 
 
 def write_etdump(profile: Profile, path: Path) -> Path:

@@ -19,15 +19,22 @@ from pathlib import Path
 from deploykit.boards import Board
 from deploykit.errors import ConfigError, DeployKitError, ExitCode
 from deploykit.fsutil import write_atomic
+from deploykit.profiles import BuildProfile
 from deploykit.profiling.chart import write_svg
 from deploykit.profiling.etdump import write_etdump
-from deploykit.profiling.trace import Profile, TraceError, build_profile, program_instructions
+from deploykit.profiling.trace import (
+    Profile,
+    TraceError,
+    profile_from_records,
+    program_instructions,
+)
 
 PROFILE_DIR = "firmware-profile"
 
 
 class ProfileError(DeployKitError):
     exit_code = ExitCode.PROTOCOL
+
 
 DEBUG_DIR = "firmware-debug"
 
@@ -36,18 +43,22 @@ def event_clock(board: Board) -> dict:
     """The board's event clock (`timer.event_clock`), or a clear error without one."""
     clock = (board.timer or {}).get("event_clock")
     if not clock:
-        raise ConfigError(f"board {board.name} names no event clock for profiling.",
-                          "Add timer.event_clock (kind: systick, dwt-cyccnt or pmu-ccnt; hz) "
-                          "to its board file.")
+        raise ConfigError(
+            f"board {board.name} names no event clock for profiling.",
+            "Add timer.event_clock (kind: systick, dwt-cyccnt or pmu-ccnt; hz) to its board file.",
+        )
     return clock
 
 
 def trace_definitions(board: Board, intermediates: bool) -> dict[str, str]:
     """The CMake definitions of profiling firmware for `board`."""
     clock = event_clock(board)
-    return {"DK_PROFILE_EVENTS": "ON", "DK_EVENT_CLOCK": str(clock["kind"]),
-            "DK_EVENT_CLOCK_HZ": str(int(clock["hz"])),
-            "DK_TRACE_INTERMEDIATES": "ON" if intermediates else "OFF"}
+    return {
+        "DK_PROFILE_EVENTS": "ON",
+        "DK_EVENT_CLOCK": str(clock["kind"]),
+        "DK_EVENT_CLOCK_HZ": str(int(clock["hz"])),
+        "DK_TRACE_INTERMEDIATES": "ON" if intermediates else "OFF",
+    }
 
 
 @dataclass
@@ -73,97 +84,187 @@ class ProfileReport:
 
     def text(self) -> str:
         p = self.profile
-        lines = [f"profile of {self.model} ({self.flow}) on {self.board}: event clock {p.clock} "
-                 f"at {p.clock_hz:,} Hz, {p.unit} per tick {p.scale:.4g}", p.table(), ""]
+        lines = [
+            f"profile of {self.model} ({self.flow}) on {self.board}: event clock {p.clock} "
+            f"at {p.clock_hz:,} Hz, {p.unit} per tick {p.scale:.4g}",
+            p.table(),
+            "",
+        ]
         ops = p.operator_ticks
-        lines.append(f"operators add up to {p.value(ops):,.0f} of {p.value(p.total_ticks):,.0f} "
-                     f"{p.unit} of execute() ({100 * ops / (p.total_ticks or 1):.2f}%); the rest "
-                     "is the runtime between operators")
-        lines.append(f"tracer cost subtracted: its own ticks (counted on the device) and "
-                     f"{p.event_cost:.2f} ticks per event it cannot see (measured at start-up)")
+        lines.append(
+            f"operators add up to {p.value(ops):,.0f} of {p.value(p.total_ticks):,.0f} "
+            f"{p.unit} of execute() ({100 * ops / (p.total_ticks or 1):.2f}%); the rest "
+            "is the runtime between operators"
+        )
+        lines.append(
+            f"tracer cost subtracted: its own ticks (counted on the device) and "
+            f"{p.event_cost:.2f} ticks per event it cannot see (measured at start-up)"
+        )
         if p.runner_ticks is not None and self.plain_ticks:
-            lines.append(f"execute() as the runner timed it: plain firmware "
-                         f"{p.value(self.plain_ticks / p.iterations):,.0f} {p.unit}, "
-                         f"profiling firmware minus the tracer "
-                         f"{p.value(p.runner_ticks / p.iterations):,.0f} {p.unit} per run")
+            lines.append(
+                f"execute() as the runner timed it: plain firmware "
+                f"{p.value(self.plain_ticks / p.iterations):,.0f} {p.unit}, "
+                f"profiling firmware minus the tracer "
+                f"{p.value(p.runner_ticks / p.iterations):,.0f} {p.unit} per run"
+            )
         if self.ram is not None:
-            lines.append(f"RAM profiling adds: {self.ram.total:,} B ({self.ram.static_bytes:,} B "
-                         f"static, {self.ram.stack_bytes:,} B stack peak)")
+            lines.append(
+                f"RAM profiling adds: {self.ram.total:,} B ({self.ram.static_bytes:,} B "
+                f"static, {self.ram.stack_bytes:,} B stack peak)"
+            )
         lines += [f"{k}: {v}" for k, v in self.files.items()]
         return "\n".join(lines)
 
     def json(self) -> dict:
         p = self.profile
         return {
-            "board": self.board, "model": self.model, "flow": self.flow,
-            "clock": {"kind": p.clock, "hz": p.clock_hz, "unit": p.unit,
-                      "units_per_tick": p.scale, "event_cost_ticks": p.event_cost},
+            "board": self.board,
+            "model": self.model,
+            "flow": self.flow,
+            "clock": {
+                "kind": p.clock,
+                "hz": p.clock_hz,
+                "unit": p.unit,
+                "units_per_tick": p.scale,
+                "event_cost_ticks": p.event_cost,
+            },
             "iterations": p.iterations,
-            "execute_ticks": p.total_ticks, "execute": p.value(p.total_ticks),
+            "execute_ticks": p.total_ticks,
+            "execute": p.value(p.total_ticks),
             "operators_ticks": p.operator_ticks,
-            "runner_execute_ticks": p.runner_ticks, "plain_execute_ticks": self.plain_ticks,
-            "operators": [{"operator": r.operator, "kernel": r.kernel, "calls": r.calls,
-                           "ticks": r.ticks, p.unit: p.value(r.ticks),
-                           "us": p.micros(r.ticks),
-                           "share": r.ticks / (p.total_ticks or 1),
-                           "instructions": r.instructions} for r in p.rows],
-            "ram_bytes": ({"total": self.ram.total, "static": self.ram.static_bytes,
-                           "stack": self.ram.stack_bytes} if self.ram else None),
+            "runner_execute_ticks": p.runner_ticks,
+            "plain_execute_ticks": self.plain_ticks,
+            "operators": [
+                {
+                    "operator": r.operator,
+                    "kernel": r.kernel,
+                    "calls": r.calls,
+                    "ticks": r.ticks,
+                    p.unit: p.value(r.ticks),
+                    "us": p.micros(r.ticks),
+                    "share": r.ticks / (p.total_ticks or 1),
+                    "instructions": r.instructions,
+                }
+                for r in p.rows
+            ],
+            "ram_bytes": (
+                {
+                    "total": self.ram.total,
+                    "static": self.ram.static_bytes,
+                    "stack": self.ram.stack_bytes,
+                }
+                if self.ram
+                else None
+            ),
             "files": {k: str(v) for k, v in self.files.items()},
         }
 
 
-def profile_model(board: Board, model: str, flow: str, out: Path, workspace: Path | None,
-                  timeout: float, progress, runner_options: dict | None = None, *,
-                  build_profile_=None, fit: bool = False) -> ProfileReport:
+def profile_model(
+    board: Board,
+    model: str,
+    flow: str,
+    out: Path,
+    workspace: Path | None,
+    timeout: float,
+    progress,
+    runner_options: dict | None = None,
+    *,
+    build_profile: BuildProfile | None = None,
+    fit: bool = False,
+) -> ProfileReport:
     from deploykit.pipeline import FirmwareVariant, build_firmware, resolve_runner_options
     from deploykit.runners import runner_for_board
 
     definitions = trace_definitions(board, intermediates=False)
-    plain = build_firmware(board, model, flow, out, workspace, progress,
-                           profile=build_profile_, fit=fit, runner_options=runner_options,
-                           timeout=timeout)
-    progress("building the profiling firmware (the runtime with its EventTracer hooks is cached "
-             "under its own key)")
-    traced = build_firmware(board, model, flow, out, workspace, progress,
-                            profile=build_profile_, fit=fit, runner_options=runner_options,
-                            timeout=timeout, variant=FirmwareVariant(PROFILE_DIR, definitions))
-    runner = runner_for_board(board, **resolve_runner_options(board, runner_options, workspace,
-                                                              progress))
+    plain = build_firmware(
+        board,
+        model,
+        flow,
+        out,
+        workspace,
+        progress,
+        profile=build_profile,
+        fit=fit,
+        runner_options=runner_options,
+        timeout=timeout,
+    )
+    progress(
+        "building the profiling firmware (the runtime with its EventTracer hooks is cached "
+        "under its own key)"
+    )
+    traced = build_firmware(
+        board,
+        model,
+        flow,
+        out,
+        workspace,
+        progress,
+        profile=build_profile,
+        fit=fit,
+        runner_options=runner_options,
+        timeout=timeout,
+        variant=FirmwareVariant(PROFILE_DIR, definitions),
+    )
+    runner = runner_for_board(
+        board, **resolve_runner_options(board, runner_options, workspace, progress)
+    )
     progress(f"running the plain firmware on {runner.kind}")
-    plain_run = runner.run(plain.firmware.elf, out / "profile" / "plain", timeout_s=timeout,
-                           check=True)
+    plain_run = runner.run(
+        plain.firmware.elf, out / "profile" / "plain", timeout_s=timeout, check=True
+    )
     progress(f"running the profiling firmware on {runner.kind}")
     run = runner.run(traced.firmware.elf, out / "profile", timeout_s=timeout, check=True)
     exported = traced.planned.export
     try:
-        profile = build_profile(run.records,
-                                program_instructions(exported.pte_path.read_bytes()))
+        profile = profile_from_records(
+            run.records, program_instructions(exported.pte_path.read_bytes())
+        )
     except TraceError as exc:
-        raise ProfileError(f"the profiling run cannot be read: {exc}",
-                           f"See the console log under {out / 'profile'}.") from exc
+        raise ProfileError(
+            f"the profiling run cannot be read: {exc}",
+            f"See the console log under {out / 'profile'}.",
+        ) from exc
     if run.icount_shift is not None and profile.clock == "systick":
-        profile.unit, profile.scale = "instructions", 1e9 / ((1 << run.icount_shift)
-                                                             * profile.clock_hz)
+        profile.unit, profile.scale = (
+            "instructions",
+            1e9 / ((1 << run.icount_shift) * profile.clock_hz),
+        )
     elif profile.clock in ("dwt-cyccnt", "pmu-ccnt"):
         profile.unit = "cycles"
     ram = None
     plain_mem = plain_run.records.memory.entries if plain_run.records.memory else {}
     traced_mem = run.records.memory.entries if run.records.memory else {}
     if "stack" in plain_mem and "stack" in traced_mem:
-        ram = RamCost(traced.firmware.sizes.static_data - plain.firmware.sizes.static_data,
-                      traced_mem["stack"][0] - plain_mem["stack"][0])
+        ram = RamCost(
+            traced.firmware.sizes.static_data - plain.firmware.sizes.static_data,
+            traced_mem["stack"][0] - plain_mem["stack"][0],
+        )
     prof_dir = out / "profile"
-    files = {"profile.json": prof_dir / "profile.json", "chart": prof_dir / "profile.svg",
-             "etdump": prof_dir / "model.etdump"}
+    files = {
+        "profile.json": prof_dir / "profile.json",
+        "chart": prof_dir / "profile.svg",
+        "etdump": prof_dir / "model.etdump",
+    }
     etrecord = exported.pte_path.parent / "model.etrecord"
     if etrecord.exists():
         files["etrecord"] = etrecord
     write_etdump(profile, files["etdump"])
-    write_svg(profile, f"{exported.model_name} ({flow}) on {board.name}: {profile.unit} per "
-              "operator", files["chart"])
+    write_svg(
+        profile,
+        f"{exported.model_name} ({flow}) on {board.name}: {profile.unit} per operator",
+        files["chart"],
+    )
     plain_timing = plain_run.records.timing
-    report = ProfileReport(board.name, exported.model_name, flow, profile, ram, prof_dir, files,
-                           plain_timing.ticks if plain_timing else None)
+    report = ProfileReport(
+        board.name,
+        exported.model_name,
+        flow,
+        profile,
+        ram,
+        prof_dir,
+        files,
+        plain_timing.ticks if plain_timing else None,
+    )
     write_atomic(files["profile.json"], json.dumps(report.json(), indent=2) + "\n")
     return report

@@ -86,22 +86,30 @@ class Profile:
 
     def table(self) -> str:
         total = self.total_ticks or 1.0
-        head = (f"{'operator':<44} {'kernel':<18} {'calls':>5} {self.unit:>13} {'us':>10} "
-                f"{'share':>7} {'cum.':>7}")
+        head = (
+            f"{'operator':<44} {'kernel':<18} {'calls':>5} {self.unit:>13} {'us':>10} "
+            f"{'share':>7} {'cum.':>7}"
+        )
         lines = [head, "-" * len(head)]
         cumulative = 0.0
         for r in self.rows:
             cumulative += r.ticks
-            lines.append(f"{r.operator:<44} {r.kernel:<18} {r.calls:>5} "
-                         f"{self.value(r.ticks):>13,.0f} {self.micros(r.ticks):>10,.1f} "
-                         f"{100 * r.ticks / total:>6.1f}% {100 * cumulative / total:>6.1f}%")
+            lines.append(
+                f"{r.operator:<44} {r.kernel:<18} {r.calls:>5} "
+                f"{self.value(r.ticks):>13,.0f} {self.micros(r.ticks):>10,.1f} "
+                f"{100 * r.ticks / total:>6.1f}% {100 * cumulative / total:>6.1f}%"
+            )
         rest = self.total_ticks - self.operator_ticks
-        lines.append(f"{'(runtime between operators)':<44} {'':<18} {'':>5} "
-                     f"{self.value(rest):>13,.0f} {self.micros(rest):>10,.1f} "
-                     f"{100 * rest / total:>6.1f}%")
-        lines.append(f"{'execute() total':<44} {'':<18} {self.iterations:>5} "
-                     f"{self.value(self.total_ticks):>13,.0f} "
-                     f"{self.micros(self.total_ticks):>10,.1f}")
+        lines.append(
+            f"{'(runtime between operators)':<44} {'':<18} {'':>5} "
+            f"{self.value(rest):>13,.0f} {self.micros(rest):>10,.1f} "
+            f"{100 * rest / total:>6.1f}%"
+        )
+        lines.append(
+            f"{'execute() total':<44} {'':<18} {self.iterations:>5} "
+            f"{self.value(self.total_ticks):>13,.0f} "
+            f"{self.micros(self.total_ticks):>10,.1f}"
+        )
         return "\n".join(lines)
 
 
@@ -121,7 +129,9 @@ def _nested_counts(events: list[TraceEvent]) -> list[int]:
     return counts
 
 
-def build_profile(records: RunRecords, instructions: dict[tuple[int, int], Instruction]) -> Profile:
+def profile_from_records(
+    records: RunRecords, instructions: dict[tuple[int, int], Instruction]
+) -> Profile:
     """The profile of a run of profiling firmware. `instructions` maps (chain, instruction
     index) to what the program runs there (from the .pte, `program_instructions`)."""
     clock = records.trace_clock
@@ -132,8 +142,10 @@ def build_profile(records: RunRecords, instructions: dict[tuple[int, int], Instr
     if not executes:
         raise TraceError("no Method::execute event: the run ended before execute() returned")
     nested = _nested_counts(events)
-    timed = [EventTime(e, max(0.0, e.duration - clock.event_cost * n), n)
-             for e, n in zip(events, nested, strict=True)]
+    timed = [
+        EventTime(e, max(0.0, e.duration - clock.event_cost * n), n)
+        for e, n in zip(events, nested, strict=True)
+    ]
     total = sum(t.ticks for t in timed if t.event.name == EXECUTE)
     rows: dict[str, OperatorRow] = {}
     for t in timed:
@@ -153,13 +165,20 @@ def build_profile(records: RunRecords, instructions: dict[tuple[int, int], Instr
     summary = records.trace_summary
     timing = records.timing
     if summary is not None and timing is not None and timing.tick_hz == clock.hz:
-        runner_ticks = (summary.execute_ticks - summary.tracer_ticks
-                        - clock.event_cost * summary.events)
+        runner_ticks = (
+            summary.execute_ticks - summary.tracer_ticks - clock.event_cost * summary.events
+        )
     return Profile(
-        clock=clock.clock, clock_hz=clock.hz, event_cost=clock.event_cost,
-        iterations=len(executes), total_ticks=total,
-        rows=sorted(rows.values(), key=lambda r: -r.ticks), events=timed,
-        runner_ticks=runner_ticks, tracer_bytes=clock.tracer_bytes)
+        clock=clock.clock,
+        clock_hz=clock.hz,
+        event_cost=clock.event_cost,
+        iterations=len(executes),
+        total_ticks=total,
+        rows=sorted(rows.values(), key=lambda r: -r.ticks),
+        events=timed,
+        runner_ticks=runner_ticks,
+        tracer_bytes=clock.tracer_bytes,
+    )
 
 
 def program_instructions(pte: bytes) -> dict[tuple[int, int], Instruction]:
