@@ -10,8 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploykit.protocol import decode
-from deploykit.protocol.records import RecordType
 from deploykit.profiling.chart import profile_svg
 from deploykit.profiling.trace import (
     EXECUTE,
@@ -20,6 +18,8 @@ from deploykit.profiling.trace import (
     kernel_of,
     profile_from_records,
 )
+from deploykit.protocol import decode
+from deploykit.protocol.records import RecordType
 from tests.protocol_encoder import StreamEncoder
 
 DATA = Path(__file__).resolve().parents[1] / "data"
