@@ -325,7 +325,8 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
         render_board_files(sized, gen_dir, _stack_heap_source(build_board, plan, where),
                            plan=plan)
         render_model_files(ModelSources(
-            pte=exported.pte_path.read_bytes(), input_sets=input_sets,
+            pte=variant.pte if variant and variant.pte else exported.pte_path.read_bytes(),
+            input_sets=input_sets,
             expected_outputs=exported.reference_sets[0], plan=plan, et_commit=et_commit,
             build_info=f"flow={flow} cpu={board.cpu['core']} profile={profile.name}"),
             gen_dir)
@@ -348,10 +349,13 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
 
 @dataclass(frozen=True)
 class FirmwareVariant:
-    """A firmware built with extra CMake definitions into `<out>/<directory>`."""
+    """A firmware built with extra CMake definitions into `<out>/<directory>`; `pte`: another
+    program with the export's operators and memory plan to embed instead of the export's (a
+    deliberately changed program whose operator outputs are compared with the export's)."""
 
     directory: str
     definitions: dict[str, str]
+    pte: bytes | None = None
 
 
 def _sized_board(board: Board, plan: MemoryPlan) -> Board:

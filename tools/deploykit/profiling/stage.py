@@ -8,6 +8,10 @@ images, stack from the two runs' high-water marks.
 
 Written to `<out>/profile/`: profile.json, profile.svg, model.etdump (ExecuTorch's ETDump,
 rebuilt from the records; open it with the export's model.etrecord).
+
+`deploykit run --debug-intermediates` (`debug_intermediates`): firmware that also streams every
+operator's output tensor, built into `<out>/firmware-debug`, compared with the host operator by
+operator (intermediates.py); written to `<out>/debug/intermediates.json`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ from deploykit.fsutil import write_atomic
 from deploykit.profiles import BuildProfile
 from deploykit.profiling.chart import write_svg
 from deploykit.profiling.etdump import write_etdump
+from deploykit.profiling.intermediates import (
+    IntermediatesReport,
+    InterpretError,
+    compare_intermediates,
+)
 from deploykit.profiling.trace import (
     Profile,
     TraceError,
@@ -268,3 +277,96 @@ def profile_model(
     )
     write_atomic(files["profile.json"], json.dumps(report.json(), indent=2) + "\n")
     return report
+
+
+@dataclass
+class DebugReport:
+    board: str
+    model: str
+    flow: str
+    intermediates: IntermediatesReport
+    path: Path
+
+    @property
+    def diverged(self) -> bool:
+        return self.intermediates.first_divergence is not None
+
+    def text(self) -> str:
+        return (
+            f"operator outputs of {self.model} ({self.flow}) on {self.board}, device vs "
+            f"host, in execution order:\n{self.intermediates.table()}\n"
+            f"intermediates.json: {self.path}"
+        )
+
+    def json(self) -> dict:
+        return {
+            "board": self.board,
+            "model": self.model,
+            "flow": self.flow,
+            **self.intermediates.json(),
+        }
+
+
+def debug_intermediates(
+    board: Board,
+    model: str,
+    flow: str,
+    out: Path,
+    workspace: Path | None,
+    timeout: float,
+    progress,
+    runner_options: dict | None = None,
+    *,
+    build_profile: BuildProfile | None = None,
+    fit: bool = False,
+    atol: float | None = None,
+    rtol: float | None = None,
+    device_pte: bytes | None = None,
+) -> DebugReport:
+    """Build the firmware that streams every operator's output, run it, and compare each
+    output with the host's run of the same program on the same inputs (the first input set).
+    `device_pte`: run this program on the device instead of the export's (same operators and
+    memory plan, e.g. one with a changed constant); the host still runs the export's."""
+    from deploykit.pipeline import FirmwareVariant, build_firmware, resolve_runner_options
+    from deploykit.runners import runner_for_board
+
+    definitions = trace_definitions(board, intermediates=True)
+    progress("building the firmware that streams every operator's output")
+    built = build_firmware(
+        board,
+        model,
+        flow,
+        out,
+        workspace,
+        progress,
+        profile=build_profile,
+        fit=fit,
+        runner_options=runner_options,
+        timeout=timeout,
+        variant=FirmwareVariant(DEBUG_DIR, definitions, device_pte),
+    )
+    runner = runner_for_board(
+        board, **resolve_runner_options(board, runner_options, workspace, progress)
+    )
+    progress(f"running it on {runner.kind}")
+    run = runner.run(built.firmware.elf, out / "debug", timeout_s=timeout, check=True)
+    exported = built.planned.export
+    tolerance = exported.tolerance
+    progress("running the same program on the host, operator by operator")
+    try:
+        report = compare_intermediates(
+            run.records,
+            exported.pte_path.read_bytes(),
+            exported.input_sets[0],
+            atol=tolerance.get("atol", 0.0) if atol is None else atol,
+            rtol=tolerance.get("rtol", 0.0) if rtol is None else rtol,
+        )
+    except InterpretError as exc:
+        raise ProfileError(
+            f"the host cannot run the program operator by operator: {exc}",
+            "--debug-intermediates needs a program of CPU kernels.",
+        ) from exc
+    path = out / "debug" / "intermediates.json"
+    result = DebugReport(board.name, exported.model_name, flow, report, path)
+    write_atomic(path, json.dumps(result.json(), indent=2, allow_nan=True) + "\n")
+    return result
