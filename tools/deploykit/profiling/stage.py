@@ -17,7 +17,7 @@ operator (intermediates.py); written to `<out>/debug/intermediates.json`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploykit.boards import Board
@@ -90,6 +90,10 @@ class ProfileReport:
     out_dir: Path
     files: dict[str, Path]
     plain_ticks: int | None  # the plain firmware's execute() ticks, for comparison
+    # Ethos-U delegates: each call is one event (a DELEGATE_CALL row); the NPU's own cycles
+    # come from the NPU firmware's records once an FVP runs it. Until then: Vela's estimate,
+    # labelled as such. delegate index -> NpuEstimate.describe().
+    npu_estimates: dict[int, str] = field(default_factory=dict)
 
     def text(self) -> str:
         p = self.profile
@@ -121,6 +125,9 @@ class ProfileReport:
                 f"RAM profiling adds: {self.ram.total:,} B ({self.ram.static_bytes:,} B "
                 f"static, {self.ram.stack_bytes:,} B stack peak)"
             )
+        lines += [
+            f"delegate {i}: {text} (not measured)" for i, text in sorted(self.npu_estimates.items())
+        ]
         lines += [f"{k}: {v}" for k, v in self.files.items()]
         return "\n".join(lines)
 
@@ -156,6 +163,7 @@ class ProfileReport:
                 }
                 for r in p.rows
             ],
+            "npu_estimates": {str(i): text for i, text in self.npu_estimates.items()},
             "ram_bytes": (
                 {
                     "total": self.ram.total,
@@ -274,6 +282,11 @@ def profile_model(
         prof_dir,
         files,
         plain_timing.ticks if plain_timing else None,
+        {
+            d.index: d.vela_estimate.describe()
+            for d in traced.planned.program.delegates
+            if d.vela_estimate is not None
+        },
     )
     write_atomic(files["profile.json"], json.dumps(report.json(), indent=2) + "\n")
     return report
