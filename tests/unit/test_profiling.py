@@ -172,3 +172,21 @@ def test_chart_has_one_bar_per_operator():
     svg = profile_svg(profile, "tiny_cnn")
     assert svg.count("<rect") == len(profile.rows) == 5
     assert "aten::convolution.out" in svg
+
+
+def test_report_text_labels_vela_estimates_and_the_ram_cost(tmp_path):
+    from deploykit.profiling.stage import ProfileReport, RamCost
+
+    profile = profile_from_records(_recorded("profile-mlp_mnist-cortex_m_int8-qemu-an505.bin"),
+                                   MLP_INT8)
+    profile.unit, profile.scale = "instructions", 1e9 / (32 * profile.clock_hz)
+    report = ProfileReport("qemu-an505", "mlp_mnist", "cortex_m_int8", profile,
+                           RamCost(60, 112), tmp_path, {}, 64839,
+                           {0: "NPU (Vela estimate): 12.3 k cycles"})
+    text = report.text()
+    assert "delegate 0: NPU (Vela estimate): 12.3 k cycles (not measured)" in text
+    assert "RAM profiling adds: 172 B (60 B static, 112 B stack peak)" in text
+    # Shares are of execute(): the operators' cumulative share stops short of 100%.
+    last_op = next(line for line in text.splitlines() if line.startswith("cortex_m::deq"))
+    assert last_op.endswith("99.5%")
+    assert report.json()["npu_estimates"] == {"0": "NPU (Vela estimate): 12.3 k cycles"}
