@@ -109,3 +109,16 @@ def test_a_changed_scale_is_named_as_the_first_divergence(exported):
     assert first.steps and first.max_abs > 1
     assert [r.passed for r in report.rows[:2]] == [True, True]
     assert "first divergence: instruction 2" in report.table()
+
+
+def test_a_missing_device_output_is_a_divergence_with_a_reason(exported):
+    import json
+
+    records = decode(DEBUG_STREAM.read_bytes())
+    records.trace_tensors = [t for t in records.trace_tensors if t.debug_handle != 3]
+    report = compare_intermediates(records, exported.pte_path.read_bytes(),
+                                   exported.input_sets[0], atol=0.01, rtol=0.0)
+    first = report.first_divergence
+    assert (first.instruction, first.note, first.max_abs) == (3, "no device output", None)
+    assert "first divergence: instruction 3" in report.table()
+    json.dumps(report.json(), allow_nan=False)  # valid JSON, no NaN

@@ -381,5 +381,5 @@ def debug_intermediates(
         ) from exc
     path = out / "debug" / "intermediates.json"
     result = DebugReport(board.name, exported.model_name, flow, report, path)
-    write_atomic(path, json.dumps(result.json(), indent=2, allow_nan=True) + "\n")
+    write_atomic(path, json.dumps(result.json(), indent=2, allow_nan=False) + "\n")
     return result
