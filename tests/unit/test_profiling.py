@@ -190,3 +190,20 @@ def test_report_text_labels_vela_estimates_and_the_ram_cost(tmp_path):
     last_op = next(line for line in text.splitlines() if line.startswith("cortex_m::deq"))
     assert last_op.endswith("99.5%")
     assert report.json()["npu_estimates"] == {"0": "NPU (Vela estimate): 12.3 k cycles"}
+
+
+def test_a_board_without_an_event_clock_is_a_clear_error():
+    import dataclasses
+
+    from deploykit.boards import load_board
+    from deploykit.errors import ConfigError
+    from deploykit.profiling.stage import trace_definitions
+
+    board = load_board("qemu-an505")
+    assert trace_definitions(board, intermediates=True) == {
+        "DK_PROFILE_EVENTS": "ON", "DK_EVENT_CLOCK": "systick", "DK_EVENT_CLOCK_HZ": "20000000",
+        "DK_TRACE_INTERMEDIATES": "ON"}
+    bare = dataclasses.replace(board, timer={"kind": "systick", "hz": 20_000_000})
+    with pytest.raises(ConfigError, match="names no event clock") as exc:
+        trace_definitions(bare, intermediates=False)
+    assert "timer.event_clock" in str(exc.value)

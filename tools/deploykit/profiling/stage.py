@@ -17,6 +17,7 @@ operator (intermediates.py); written to `<out>/debug/intermediates.json`.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -184,7 +185,7 @@ def profile_model(
     out: Path,
     workspace: Path | None,
     timeout: float,
-    progress,
+    progress: Callable[[str], None],
     runner_options: dict | None = None,
     *,
     build_profile: BuildProfile | None = None,
@@ -327,7 +328,7 @@ def debug_intermediates(
     out: Path,
     workspace: Path | None,
     timeout: float,
-    progress,
+    progress: Callable[[str], None],
     runner_options: dict | None = None,
     *,
     build_profile: BuildProfile | None = None,
