@@ -42,8 +42,13 @@ def exported(tmp_path_factory):
     """mlp_mnist, cortex_m_int8, as `deploykit profile --board qemu-an505` exported it (the
     board's default profile, size)."""
     out = tmp_path_factory.mktemp("export")
-    return export(load_model("mlp_mnist", REPO), "cortex_m_int8", out, cpu="cortex-m33",
-                  options=PROFILES["size"].export_options())
+    return export(
+        load_model("mlp_mnist", REPO),
+        "cortex_m_int8",
+        out,
+        cpu="cortex-m33",
+        options=PROFILES["size"].export_options(),
+    )
 
 
 def _same_program(records, pte: bytes) -> None:
@@ -63,22 +68,29 @@ def test_inspector_reads_the_etdump_with_the_etrecord(exported, tmp_path):
     profile = profile_from_records(records, program_instructions(pte))
     etdump = write_etdump(profile, tmp_path / "model.etdump")
 
-    inspector = Inspector(etdump_path=str(etdump), etrecord=str(etrecord),
-                          source_time_scale=TimeScale.NS, target_time_scale=TimeScale.US)
+    inspector = Inspector(
+        etdump_path=str(etdump),
+        etrecord=str(etrecord),
+        source_time_scale=TimeScale.NS,
+        target_time_scale=TimeScale.US,
+    )
     (block,) = inspector.event_blocks
-    ours = {t.event.debug_handle: r.operator for r in profile.rows
-            for t in profile.events if t.event.name == "OPERATOR_CALL"
-            and t.event.debug_handle in r.instructions}
+    ours = {
+        t.event.debug_handle: r.operator
+        for r in profile.rows
+        for t in profile.events
+        if t.event.name == "OPERATOR_CALL" and t.event.debug_handle in r.instructions
+    }
     native = [e for e in block.events if e.name.startswith(NATIVE_CALL_PREFIX)]
     assert len(native) == 5
     for event in native:
         # Inspector's name (native_call_<op>) is deploykit's operator without its namespace.
-        assert ours[event._instruction_id].split("::", 1)[1] == \
-            event.name[len(NATIVE_CALL_PREFIX):]
+        assert (
+            ours[event._instruction_id].split("::", 1)[1] == event.name[len(NATIVE_CALL_PREFIX) :]
+        )
         assert event.op_types  # the ETRecord mapped the instruction to its graph nodes
     execute = next(e for e in block.events if e.name == "Method::execute")
-    assert execute.perf_data.raw[0] == pytest.approx(profile.micros(profile.total_ticks),
-                                                     rel=1e-3)
+    assert execute.perf_data.raw[0] == pytest.approx(profile.micros(profile.total_ticks), rel=1e-3)
 
 
 def test_device_operator_outputs_agree_with_the_host(exported):
@@ -88,9 +100,12 @@ def test_device_operator_outputs_agree_with_the_host(exported):
     assert records.trace_clock.debug_level == 2
     report = compare_intermediates(records, pte, exported.input_sets[0], atol=0.01, rtol=0.0)
     assert [r.operator for r in report.rows] == [
-        "cortex_m::quantize_per_tensor.out", "cortex_m::quantized_linear.out",
-        "cortex_m::quantized_linear.out", "cortex_m::quantized_linear.out",
-        "cortex_m::dequantize_per_tensor.out"]
+        "cortex_m::quantize_per_tensor.out",
+        "cortex_m::quantized_linear.out",
+        "cortex_m::quantized_linear.out",
+        "cortex_m::quantized_linear.out",
+        "cortex_m::dequantize_per_tensor.out",
+    ]
     assert report.first_divergence is None
     assert all(r.max_abs == 0 for r in report.rows)  # CMSIS-NN is bit-exact with the reference
 
@@ -101,8 +116,7 @@ def test_a_changed_scale_is_named_as_the_first_divergence(exported):
     # The same comparison against a program whose second linear layer has its output scale
     # changed by 20%: that operator is the first to differ, and the error carries on.
     broken = perturb_requantize_scale(pte, instruction=2, factor=0.8)
-    report = compare_intermediates(records, broken, exported.input_sets[0], atol=0.01,
-                                   rtol=0.0)
+    report = compare_intermediates(records, broken, exported.input_sets[0], atol=0.01, rtol=0.0)
     first = report.first_divergence
     assert first is not None
     assert (first.instruction, first.operator) == (2, "cortex_m::quantized_linear.out")
@@ -116,8 +130,9 @@ def test_a_missing_device_output_is_a_divergence_with_a_reason(exported):
 
     records = decode(DEBUG_STREAM.read_bytes())
     records.trace_tensors = [t for t in records.trace_tensors if t.debug_handle != 3]
-    report = compare_intermediates(records, exported.pte_path.read_bytes(),
-                                   exported.input_sets[0], atol=0.01, rtol=0.0)
+    report = compare_intermediates(
+        records, exported.pte_path.read_bytes(), exported.input_sets[0], atol=0.01, rtol=0.0
+    )
     first = report.first_divergence
     assert (first.instruction, first.note, first.max_abs) == (3, "no device output", None)
     assert "first divergence: instruction 3" in report.table()

@@ -54,16 +54,24 @@ def test_debug_intermediates_names_the_operator_with_a_changed_scale(tmp_path):
     from tests.perturb import perturb_requantize_scale
 
     board = load_board("qemu-an505")
-    clean = debug_intermediates(board, "mlp_mnist", "cortex_m_int8", tmp_path, None, 120.0,
-                                lambda _m: None)
+    clean = debug_intermediates(
+        board, "mlp_mnist", "cortex_m_int8", tmp_path, None, 120.0, lambda _m: None
+    )
     assert clean.intermediates.first_divergence is None
     assert len(clean.intermediates.rows) == 5
     # The device runs the same program with the second linear layer's output scale changed by
     # 20% after quantization; the host runs the export's.
     pte = (tmp_path / "export" / "model.pte").read_bytes()
-    broken = debug_intermediates(board, "mlp_mnist", "cortex_m_int8", tmp_path, None, 120.0,
-                                 lambda _m: None,
-                                 device_pte=perturb_requantize_scale(pte, 2, 0.8))
+    broken = debug_intermediates(
+        board,
+        "mlp_mnist",
+        "cortex_m_int8",
+        tmp_path,
+        None,
+        120.0,
+        lambda _m: None,
+        device_pte=perturb_requantize_scale(pte, 2, 0.8),
+    )
     first = broken.intermediates.first_divergence
     assert first is not None
     assert (first.instruction, first.operator) == (2, "cortex_m::quantized_linear.out")
