@@ -287,6 +287,42 @@ def run(board: str, model: str, flow: str | None = None, out: Path | None = None
                         profile=resolve_profile(b, profile), fit=fit, tolerance=tolerance)
 
 
+def profile(board: str, model: str, flow: str | None = None, out: Path | None = None,
+            workspace: Path | None = None, timeout: float = 120.0, progress: Progress = _quiet,
+            npu_macs: int | None = None, npu_memory_mode: str | None = None,
+            runner_options: dict | None = None, profile: str | None = None,
+            fit: bool = False):
+    """Per-operator profile of `model` on `board` (profiling/stage.py, docs/profiling.md):
+    builds profiling firmware and the plain one, runs both, writes <out>/profile/."""
+    from .profiling.stage import profile_model
+    from .runners import runner_class
+
+    b = load_board_with(board, npu_macs, npu_memory_mode)
+    runner_class(b).check_options(b.name, runner_options or {})  # before the slow build
+    return profile_model(b, model, resolve_flow(b, flow), out or default_out(board, model),
+                         workspace, timeout, progress, runner_options,
+                         build_profile=resolve_profile(b, profile), fit=fit)
+
+
+def debug_intermediates(board: str, model: str, flow: str | None = None,
+                        out: Path | None = None, workspace: Path | None = None,
+                        timeout: float = 120.0, progress: Progress = _quiet,
+                        npu_macs: int | None = None, npu_memory_mode: str | None = None,
+                        runner_options: dict | None = None, profile: str | None = None,
+                        fit: bool = False, atol: float | None = None,
+                        rtol: float | None = None):
+    """Every operator's device output against the host's, in execution order (`deploykit run
+    --debug-intermediates`; profiling/stage.py, docs/profiling.md)."""
+    from .profiling.stage import debug_intermediates as debug
+    from .runners import runner_class
+
+    b = load_board_with(board, npu_macs, npu_memory_mode)
+    runner_class(b).check_options(b.name, runner_options or {})
+    return debug(b, model, resolve_flow(b, flow), out or default_out(board, model), workspace,
+                 timeout, progress, runner_options, build_profile=resolve_profile(b, profile),
+                 fit=fit, atol=atol, rtol=rtol)
+
+
 def flash(board: str, *, model: str | None = None, image: Path | None = None,
           out: Path | None = None, port: str | None = None, probe: str | None = None,
           workspace: Path | None = None, progress: Progress = _quiet):

@@ -224,6 +224,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, help="absolute tolerance of the device-vs-host "
                    "comparison (default: the model's TOLERANCE, else the flow's default)")
     p.add_argument("--rtol", type=float, help="relative tolerance, added to --atol")
+    p.add_argument("--debug-intermediates", action="store_true",
+                   help="also build firmware that streams every operator's output, run it, "
+                   "compare each output with the host's run of the same program in execution "
+                   "order, print the per-operator error table and name the first operator "
+                   "beyond the tolerance (<out>/debug/intermediates.json; docs/profiling.md)")
+    _board_selection(p)
+
+    p = sub.add_parser("profile", help="per-operator time on the board: a table, profile.json, "
+                       "an SVG chart and an ETDump for ExecuTorch's Inspector",
+                       description="Build the firmware with deploykit's streaming EventTracer "
+                       "(and the plain firmware, to measure what profiling costs in RAM), run "
+                       "both on the board's runner and print one row per operator: kernel "
+                       "(portable, cortex_m = CMSIS-NN, delegate), calls, time (instructions "
+                       "under QEMU, cycles on hardware, and microseconds), share and cumulative "
+                       "share of execute(). Writes <out>/profile/: profile.json, profile.svg and "
+                       "model.etdump, which executorch.devtools.Inspector opens with "
+                       "<out>/export/model.etrecord (docs/profiling.md).")
+    _common(p)
+    _fit_option(p)
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds before a silent simulator is killed (default 120)")
     _board_selection(p)
 
     p = sub.add_parser("flash", help="flash a built firmware onto a board (picotool, the "
@@ -396,8 +417,22 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         report = api.run(**common, timeout=args.timeout,
                          runner_options=_given_runner_options(args), inputs=args.inputs,
                          atol=args.atol, rtol=args.rtol, fit=args.fit)
-        out.result(report, report.summary())
-        return 0 if report.passed else int(report.exit_code)
+        if not args.debug_intermediates:
+            out.result(report, report.summary())
+            return 0 if report.passed else int(report.exit_code)
+        debug = api.debug_intermediates(**common, timeout=args.timeout,
+                                        runner_options=_given_runner_options(args),
+                                        atol=args.atol, rtol=args.rtol, fit=args.fit)
+        out.result({"run": to_jsonable(report), "intermediates": debug.json()},
+                   f"{report.summary()}\n\n{debug.text()}")
+        if not report.passed:
+            return int(report.exit_code)
+        return int(ExitCode.MISMATCH) if debug.diverged else 0
+    if cmd == "profile":
+        profiled = api.profile(**common, timeout=args.timeout,
+                               runner_options=_given_runner_options(args), fit=args.fit)
+        out.result(profiled.json(), profiled.text())
+        return 0
     raise AssertionError(cmd)
 
 

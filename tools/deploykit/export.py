@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from .models import ModelSpec
 
 PTE_NAME = "model.pte"
+ETRECORD_NAME = "model.etrecord"  # ExecuTorch's ETRecord, for Inspector (docs/profiling.md)
 OPS_YAML_NAME = "ops.yaml"
 REPORT_NAME = "export.json"
 REFERENCE_NAME = "reference.npz"
@@ -138,7 +139,7 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    outputs = (REPORT_NAME, PTE_NAME, OPS_YAML_NAME, REFERENCE_NAME)
+    outputs = (REPORT_NAME, PTE_NAME, OPS_YAML_NAME, REFERENCE_NAME, ETRECORD_NAME)
     _remove_outputs(out_dir, outputs + (ERROR_LOG_NAME,))  # never leave a stale mix behind
     _remove_flow_files(out_dir)
 
@@ -225,6 +226,8 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
             write_atomic(out_dir / PTE_NAME, pte)
             write_atomic(out_dir / OPS_YAML_NAME, ops_yaml)
             write_atomic(out_dir / REFERENCE_NAME, npz.getvalue())
+            if art.etrecord is not None:
+                write_atomic(out_dir / ETRECORD_NAME, _etrecord_bytes(art.etrecord))
             write_atomic(out_dir / REPORT_NAME, json.dumps(report, indent=2) + "\n")
     except BaseException as e:
         _remove_outputs(out_dir, outputs)
@@ -365,3 +368,10 @@ def _versions() -> dict[str, str]:
 
     return {"torch": torch.__version__, "executorch": getattr(etv, "__version__", "?"),
             "executorch_git": getattr(etv, "git_version", "?")}
+
+
+def _etrecord_bytes(etrecord: Any) -> bytes:
+    """An ETRecord serialized by ExecuTorch (a zip archive), as bytes for an atomic write."""
+    buffer = io.BytesIO()
+    etrecord.save(buffer)
+    return buffer.getvalue()

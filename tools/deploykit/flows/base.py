@@ -102,6 +102,10 @@ class FlowResult:
     # Further files of the export, by name, written beside the .pte (the Ethos-U flow: each
     # delegate's TOSA flatbuffer, for `deploykit explore --tosa`). Names match FLOW_FILE_GLOBS.
     files: dict[str, bytes] = field(default_factory=dict)
+    # ExecuTorch's ETRecord of this export (executorch.devtools), written beside the .pte as
+    # model.etrecord, so that Inspector can read a profile's ETDump with it; None when the flow
+    # makes none.
+    etrecord: Any = None
 
 
 # The names a flow may give its further files (FlowResult.files), so that an export removes
