@@ -20,9 +20,7 @@ if TYPE_CHECKING:
 
 # Used when the model file gives no TOLERANCE for the flow (device vs reference).
 DEFAULT_FP32_TOLERANCE = {"atol": 1e-5, "rtol": 0.0}
-DEFAULT_INT8_STEPS = 2.0
-# The export directory's log of what a flow worked around (FlowResult.notes).
-NOTES_NAME = "export-notes.log"  # int8 default atol: this many output quantization steps
+DEFAULT_INT8_STEPS = 2.0  # int8 default atol: this many output quantization steps
 
 
 @dataclass(frozen=True)
@@ -104,12 +102,25 @@ class FlowResult:
     report: dict[str, Any] = field(default_factory=dict)  # flow entries of export.json
     reference_report: dict[str, Any] = field(default_factory=dict)  # under "reference"
     warnings: list[str] = field(default_factory=list)
-    # Text for the export directory's notes log (NOTES_NAME), e.g. an upstream failure the
-    # flow worked around, with its reproduction; "" for none.
-    notes: str = ""
+    # Further files of the export, by name, written beside the .pte (the Ethos-U flow: each
+    # delegate's TOSA flatbuffer, for `deploykit explore --tosa`). Names match FLOW_FILE_GLOBS.
+    files: dict[str, bytes] = field(default_factory=dict)
+    # ExecuTorch's ETRecord of this export (executorch.devtools), written beside the .pte as
+    # model.etrecord, so that Inspector can read a profile's ETDump with it; None when the flow
+    # makes none.
+    etrecord: Any = None
     # The final program's graph (out-variant operators, with the model's stack traces): the
     # operator-coverage check names the model line of an operator with no kernel from it.
     program_graph: Any = None
+
+
+# The names a flow may give its further files (FlowResult.files), so that an export removes
+# a previous export's files of that kind before it writes its own.
+DELEGATE_TOSA_NAME = "delegate_{index}.tosa"
+# The export directory's log of what a flow worked around (the cortex_m flow's mixed
+# precision: the upstream failure and its reproduction).
+NOTES_NAME = "export-notes.log"
+FLOW_FILE_GLOBS = ("delegate_*.tosa", NOTES_NAME)
 
 
 class Flow(abc.ABC):

@@ -21,7 +21,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, ExportError
-from .base import ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
+from .base import NOTES_NAME, ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
 from .common import flatten_tensors, in_steps, max_abs_diff, parse_cpu, to_numpy
 from .cortex_m_float_linear import decompose_float_linear_pass
 from .mixed_precision import (
@@ -94,7 +94,7 @@ class CortexMInt8(Flow):
                 qep = torch.export.export(converted, inputs)
             with st.step("to_edge_transform_and_lower"):
                 edge = to_edge_transform_and_lower(
-                    qep, compile_config=_cortex_m_edge_compile_config())
+                    qep, compile_config=_cortex_m_edge_compile_config(), generate_etrecord=True)
             with st.step("CortexMPassManager"):
                 lowered, failure = _cortex_m_passes(edge.exported_program(), cpu_target)
                 if failure is None:
@@ -179,9 +179,10 @@ class CortexMInt8(Flow):
                    if options.int8_io else {})},
                 "mixed_precision": mixed},
             reference_report={"cortex_m_dialect_check": dialect_check},
-            warnings=warnings,
-            notes=upstream.log_text(spec.source_path, target.cpu, _versions())
-            if upstream is not None else "",
+            warnings=warnings, etrecord=program.get_etrecord(),
+            files={NOTES_NAME: upstream.log_text(spec.source_path, target.cpu,
+                                                 _versions()).encode()}
+            if upstream is not None else {},
             program_graph=program.exported_program().graph_module)
 
     def check_program(self, model: str, op_list: list[str], info: PteInfo,

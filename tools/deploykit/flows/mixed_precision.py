@@ -12,7 +12,7 @@ its innermost module is excluded instead. This repeats, one operator at a time, 
 ``MAX_FALLBACKS``, so what stays float is the smallest set found this way, not a guess.
 
 The first upstream failure is kept with a short reproduction (``export-notes.log`` in the
-export directory, ``FlowResult.notes``), so that it can be taken upstream. ``--strict`` turns
+export directory, one of ``FlowResult.files``), so that it can be taken upstream. ``--strict`` turns
 any fallback into an error.
 
 ``float_compute`` reports, for the final graph, each float operator that does

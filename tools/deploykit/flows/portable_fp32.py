@@ -43,7 +43,7 @@ class PortableFp32(Flow):
                      "model, example_inputs()) (no data-dependent Python control flow)."):
             ep = torch.export.export(spec.module, inputs)
         with st.step("to_edge_transform_and_lower"):
-            edge = to_edge_transform_and_lower(ep)
+            edge = to_edge_transform_and_lower(ep, generate_etrecord=True)
         if options.fold_constants:
             with st.step("constant_prop_pass"):
                 folded = constant_prop_pass(edge.exported_program())
@@ -80,7 +80,7 @@ class PortableFp32(Flow):
             input_quant=[None] * len(inputs), output_quant=[None] * len(reference),
             reference_kind=self.fallback_reference_kind, reference_fn=reference_fn,
             prepare_inputs=lambda xs: tuple(t.clone().contiguous() for t in xs),
-            program_graph=graph)
+            etrecord=program.get_etrecord(), program_graph=graph)
 
     def check_program(self, model: str, op_list: list[str], info: PteInfo,
                       options: ExportOptions) -> list[str]:
