@@ -72,9 +72,9 @@ def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = Tru
                        help="build profile (default: the board file's `profile:`, else "
                        f"{DEFAULT_PROFILE}); see `deploykit build --help` and docs/profiles.md")
         p.add_argument("--strict", action="store_true",
-                       help="int8 flows: fail when an operator cannot be lowered to int8, "
-                       "instead of keeping it in float (automatic mixed precision; "
-                       "docs/mixed-precision.md)")
+                       help="cortex_m_int8: fail when an operator cannot be lowered to "
+                       "int8, instead of keeping it in float (automatic mixed precision; "
+                       "docs/int8-coverage.md)")
     p.add_argument("--out", type=Path, help=f"output directory (default {out_default})")
 
 
