@@ -296,7 +296,8 @@ def _fall_back(failure: LoweringFailure, spec: ModelSpec, excluded: list[FloatCh
             cause + f" (already kept in float: {tried})",
             "No model line to keep in float was found for it. The model may use a pattern "
             "this flow does not support: use --flow portable_fp32, or change that layer.")
-    st.on_step and st.on_step(f"keeping {choice.describe()} in float (mixed precision)")
+    if st.on_step is not None:
+        st.on_step(f"keeping {choice.describe()} in float (mixed precision)")
     return choice
 
 
