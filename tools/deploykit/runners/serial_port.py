@@ -241,6 +241,14 @@ class PicoRunner(Runner):
                      "connected"),
         RunnerOption("--probe", "probe", "SERIAL",
                      "flash over SWD through the debug probe with this serial number"),
+        RunnerOption("--place", "place", "NAME|TAG=VALUE",
+                     "run on a labgrid board farm: this place, or any free place with these "
+                     "tags (board=pico2); needs deploykit[farm] and a coordinator "
+                     "(docs/farm.md)"),
+        RunnerOption("--coordinator", "coordinator", "HOST[:PORT]",
+                     "the labgrid coordinator for --place (default $LG_COORDINATOR)"),
+        RunnerOption("--place-timeout", "place_timeout", "SECONDS",
+                     "how long --place waits for a free place (default 300)"),
     )
 
     @classmethod
@@ -259,13 +267,27 @@ class PicoRunner(Runner):
 
     def __init__(self, config: Mapping[str, Any], *, board: Any = None, port: str | None = None,
                  probe: str | None = None, env: Any = None, workspace: Any = None,
-                 progress: Callable[[str], None] = _quiet, flash: bool = True) -> None:
+                 progress: Callable[[str], None] = _quiet, flash: bool = True,
+                 place: str | None = None, coordinator: str | None = None,
+                 place_timeout: str | float | None = None) -> None:
         unknown = set(config) - CONFIG_KEYS
         if unknown:
             raise ConfigError(f"runner: unknown key(s) {sorted(unknown)} for kind pico",
                               f"Allowed keys: {sorted(CONFIG_KEYS)}.")
         if board is None:
             raise ConfigError("the pico runner needs the board (usb, serial, flashers)")
+        if place and (port or probe):
+            raise ConfigError("--place chooses the board on a labgrid farm; --port and --probe "
+                              "choose one on this machine.", "Give one or the other.")
+        if coordinator and not place:
+            raise ConfigError("--coordinator is for --place.", "Add --place NAME|TAG=VALUE.")
+        try:
+            self.place_timeout = float(place_timeout) if place_timeout is not None else 300.0
+        except ValueError:
+            raise ConfigError(f"--place-timeout {place_timeout!r} is not a number of seconds.",
+                              "E.g. --place-timeout 600.") from None
+        self.place = place
+        self.coordinator = coordinator
         self.board = board
         self.port = port
         self.probe = probe
@@ -287,6 +309,12 @@ class PicoRunner(Runner):
         BOOTSEL mode, as a drive, or behind a probe); else say what was found."""
         from deploykit.errors import EnvironmentProblem
 
+        if self.place:  # the farm has the board: check that it knows such a place
+            from deploykit.farm.session import FarmSession, PlaceQuery
+
+            with FarmSession(self.coordinator) as session:
+                found = session.find(PlaceQuery.parse(self.place))
+            return f"{self.board.name} on {', '.join(p.name for p in found)} ({session.address})"
         env = self.env or HostEnv()
         running = running_boards(self.board, env.ports())
         if running:
@@ -302,6 +330,13 @@ class PicoRunner(Runner):
     def run(self, elf: Path, out_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
             check: bool = True) -> RunResult:
         elf = Path(elf)
+        if self.place:
+            from deploykit.farm.run import run_on_place
+
+            return run_on_place(self.board, elf, out_dir, place=self.place,
+                                coordinator=self.coordinator,
+                                place_timeout_s=self.place_timeout, timeout_s=timeout_s,
+                                check=check, progress=self.progress)
         env = self.env or HostEnv()
         run_dir = Path(out_dir) / "run"
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,315 @@
+"""A labgrid board farm on loopback, for the farm tests (tests/integration/test_farm.py).
+
+What is real: `labgrid-coordinator` and `labgrid-exporter` (labgrid 26, gRPC on 127.0.0.1),
+ser2net started by the exporter for each place's serial port, pyserial's rfc2217 client, the
+deploykit code under test, and the device side of the serial link: firmware/boards/rp2350/
+dk_link.c and firmware/protocol/dk_protocol.c, the code the Pico 2 runs, compiled for the host.
+
+What stands in for the absent hardware (a `StandInBoard` per place):
+- the board's USB CDC port is a pty (raw, like a CDC port); the exporter exports its slave
+  side as a serial port, so ser2net serves it as a real NetworkSerialPort;
+- the BOOTSEL drive is a temporary directory with the boot ROM's INFO_UF2.TXT, exported as
+  the place's NetworkUSBMassStorage with that directory as its path;
+- the boot ROM is a thread: when a complete UF2 lands on the drive, it checks the UF2 magic,
+  takes the drive away (as the RP2350 does when it reboots into the new image) and starts the
+  stand-in firmware on the pty, which sends the result protocol with the outputs it is given
+  (`values`) and serves the link until the host acknowledges. When it ends, the drive comes
+  back (on a real bench the next run's 1200-baud touch does that). The stand-in does not run
+  the flashed image: it cannot execute Cortex-M33 code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pty
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import tty
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from deploykit.boards import repo_root
+
+CC = shutil.which("cc") or shutil.which("gcc")
+INFO_UF2 = "UF2 Bootloader v1.0\nModel: Raspberry Pi RP2350\nBoard-ID: RP2350\n"
+UF2_MAGIC = (0x0A324655, 0x9E5D5157)
+
+STANDIN_C = r"""
+#define _DEFAULT_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dk_board.h"
+#include "dk_link.h"
+#include "dk_protocol.h"
+
+static int fd;
+static size_t port_read(void *buf, size_t len) {
+  ssize_t n = read(fd, buf, len);
+  return n > 0 ? (size_t)n : 0u;
+}
+static void port_write(const void *buf, size_t len) {
+  const unsigned char *p = buf;
+  while (len) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0) {
+      if (errno != EAGAIN && errno != EINTR) return;
+      struct pollfd pf = {fd, POLLOUT, 0};
+      poll(&pf, 1, 50);
+      continue;
+    }
+    p += n;
+    len -= (size_t)n;
+  }
+}
+static uint64_t now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+static void idle(void) { usleep(500); }
+static const dk_link_port_t port = {port_read, port_write, now_us, idle};
+void dk_console_write(const void *data, size_t len) { dk_link_write(data, len); }
+
+static unsigned char transcript[DK_LINK_TRANSCRIPT_BYTES];
+static float out[4096];
+
+/* argv: pty master fd, raw float32 outputs file, milliseconds to serve before giving up */
+int main(int argc, char **argv) {
+  if (argc != 4) return 2;
+  fd = atoi(argv[1]);
+  FILE *f = fopen(argv[2], "rb");
+  if (!f) return 2;
+  size_t n = fread(out, sizeof out[0], sizeof out / sizeof out[0], f);
+  fclose(f);
+  uint64_t end = now_us() + (uint64_t)strtol(argv[3], 0, 10) * 1000u;
+  dk_link_init(&port, transcript, sizeof transcript, 0);
+  dk_send_hello("protocol=1\nboard=pico2\nfirmware=farm-standin");
+  const int32_t sizes[2] = {1, (int32_t)n};
+  dk_send_tensor(0, DK_DTYPE_FLOAT32, 2, sizes, 0.0f, 0, out, (uint32_t)(n * 4));
+  dk_send_timing(123456, 1000000, 1, DK_INSTRUCTIONS_UNKNOWN);
+  dk_send_done(DK_STATUS_OK);
+  dk_link_finish();
+  while (now_us() < end && !dk_link_get_stats()->acks) {
+    dk_link_poll();
+    usleep(500);
+  }
+  printf("requests=%u acks=%u\n", dk_link_get_stats()->requests, dk_link_get_stats()->acks);
+  return dk_link_get_stats()->acks ? 0 : 3;
+}
+"""
+
+
+def build_standin(directory: Path) -> Path:
+    fw = repo_root() / "firmware"
+    src, exe = directory / "farm_standin.c", directory / "farm_standin"
+    src.write_text(STANDIN_C)
+    subprocess.run([CC, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror",
+                    "-DDK_LINK_TRANSCRIPT_BYTES=8192", "-DDK_LINK_REPEAT_MS=300",
+                    f"-I{fw / 'boards' / 'rp2350'}", f"-I{fw / 'boards'}",
+                    f"-I{fw / 'protocol'}", str(src), str(fw / "boards" / "rp2350" / "dk_link.c"),
+                    str(fw / "protocol" / "dk_protocol.c"), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    return exe
+
+
+def complete_uf2(path: Path) -> bytes | None:
+    """The file's bytes once it holds every block its UF2 header announces, else None."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if len(data) < 512:
+        return None
+    magic0, magic1, _flags, _addr, _size, _block, total = struct.unpack_from("<7I", data)
+    if (magic0, magic1) != UF2_MAGIC:
+        raise ValueError(f"{path} is not a UF2 file")
+    return data if len(data) >= total * 512 else None
+
+
+@dataclass
+class Flash:
+    place: str
+    name: str
+    sha256: str
+    size: int
+    standin_exit: int | None = None
+
+
+@dataclass
+class StandInBoard:
+    """One Pico 2 stand-in: a pty for its CDC port, a directory for its BOOTSEL drive."""
+
+    place: str
+    exe: Path
+    root: Path
+    values: np.ndarray = field(default_factory=lambda: np.arange(10, dtype=np.float32))
+    serve_ms: int = 20000
+
+    def __post_init__(self) -> None:
+        self.master, slave = pty.openpty()
+        tty.setraw(slave)
+        self.tty = os.ttyname(slave)
+        os.set_blocking(self.master, False)
+        os.close(slave)
+        self.drive = self.root / f"{self.place.replace('/', '_')}-drive"
+        self.drive.mkdir(parents=True)
+        self.values_file = self.root / f"{self.place.replace('/', '_')}-values.bin"
+        self.flashes: list[Flash] = []
+        self.running = threading.Event()  # the stand-in firmware runs (the board is busy)
+        self.overlaps = 0  # a UF2 arrived while the firmware of the last one still ran
+        self._stop = threading.Event()
+        self.bootsel()
+        self._thread = threading.Thread(target=self._boot_rom, daemon=True)
+        self._thread.start()
+
+    def bootsel(self) -> None:
+        (self.drive / "INFO_UF2.TXT").write_text(INFO_UF2)
+
+    def _boot_rom(self) -> None:
+        while not self._stop.is_set():
+            uf2s = sorted(self.drive.glob("*.uf2"))
+            data = complete_uf2(uf2s[0]) if uf2s else None
+            if data is None:
+                time.sleep(0.05)
+                continue
+            if self.running.is_set():
+                self.overlaps += 1
+            flash = Flash(self.place, uf2s[0].name, hashlib.sha256(data).hexdigest(), len(data))
+            self.flashes.append(flash)
+            for p in self.drive.iterdir():  # the drive goes away: the board reboots
+                p.unlink()
+            self.values_file.write_bytes(np.asarray(self.values, np.float32).tobytes())
+            self.running.set()
+            proc = subprocess.Popen([str(self.exe), str(self.master), str(self.values_file),
+                                     str(self.serve_ms)], pass_fds=(self.master,),
+                                    stdout=subprocess.DEVNULL)
+            while proc.poll() is None and not self._stop.is_set():
+                time.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+            flash.standin_exit = proc.wait()
+            self.running.clear()
+            self.bootsel()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        os.close(self.master)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _labgrid_tool(name: str) -> str | None:
+    """labgrid's programs, beside the running Python (a virtual environment) or on PATH."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() else shutil.which(name)
+
+
+class LocalFarm:
+    """A coordinator and an exporter on 127.0.0.1 with one place per stand-in board, each
+    tagged board=pico2."""
+
+    def __init__(self, root: Path, places: list[str], exe: Path) -> None:
+        self.root = root
+        self.address = f"127.0.0.1:{free_port()}"
+        self.boards = {name: StandInBoard(name, exe, root) for name in places}
+        self._procs: list[subprocess.Popen] = []
+        self.client = _labgrid_tool("labgrid-client")
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(self, argv: list[str], log: str) -> subprocess.Popen:
+        out = open(self.root / log, "wb")  # noqa: SIM115 (closed with the process)
+        proc = subprocess.Popen(argv, cwd=self.root, stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+        self._procs.append(proc)
+        return proc
+
+    def _start(self) -> None:
+        self._spawn([_labgrid_tool("labgrid-coordinator"), "-l", self.address],
+                    "coordinator.log")
+        host, port = self.address.split(":")
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("labgrid-coordinator did not start: "
+                                   + (self.root / "coordinator.log").read_text())
+            time.sleep(0.1)
+        config = {}
+        for name, board in self.boards.items():
+            config[self.group(name)] = {
+                "RawSerialPort": {"port": board.tty, "speed": 115200},
+                "NetworkUSBMassStorage": {"host": "127.0.0.1", "path": str(board.drive),
+                                          "busnum": 1, "devnum": 5, "vendor_id": 0x2E8A,
+                                          "model_id": 0x000F},
+            }
+        (self.root / "exporter.yaml").write_text(yaml.safe_dump(config))
+        self._spawn([_labgrid_tool("labgrid-exporter"), "-c", self.address, "-n", "lab",
+                     "--hostname", "127.0.0.1", "exporter.yaml"], "exporter.log")
+        for name in self.boards:
+            self.lg("-p", name, "create")
+            self.lg("-p", name, "add-match", f"lab/{self.group(name)}/*")
+            self.lg("-p", name, "set-tags", "board=pico2")
+        deadline = time.monotonic() + 30
+        while self.lg("resources").count("NetworkSerialPort") < len(self.boards):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the exporter's resources did not appear: "
+                                   + (self.root / "exporter.log").read_text())
+            time.sleep(0.2)
+
+    @staticmethod
+    def group(place: str) -> str:
+        return place.replace("/", "_")
+
+    def lg(self, *args: str) -> str:
+        res = subprocess.run([self.client, "-x", self.address, *args], capture_output=True,
+                             text=True, timeout=60, cwd=self.root)
+        if res.returncode != 0:
+            raise RuntimeError(f"labgrid-client {' '.join(args)}: {res.stdout}{res.stderr}")
+        return res.stdout
+
+    def holders(self) -> dict[str, str | None]:
+        """Each place and who holds it, as labgrid-client reports it."""
+        out = {}
+        for name in self.boards:
+            text = self.lg("-p", name, "show")
+            line = next((ln for ln in text.splitlines() if "acquired:" in ln), "")
+            value = line.split("acquired:", 1)[1].strip() if line else ""
+            out[name] = None if value in ("", "None") else value
+        return out
+
+    def close(self) -> None:
+        for proc in reversed(self._procs):
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for board in self.boards.values():
+            board.close()
