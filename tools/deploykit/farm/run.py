@@ -38,10 +38,15 @@ def _quiet(_message: str) -> None:
 
 
 def serial_url(resource: PlaceResource) -> str:
-    """pyserial's URL for a NetworkSerialPort (ser2net speaks RFC 2217 unless told raw)."""
+    """pyserial's URL for a NetworkSerialPort (ser2net speaks RFC 2217 unless told raw).
+
+    ser2net does not answer RFC 2217's SET_CONTROL (flow control), on which pyserial's client
+    waits and times out; labgrid's pyserial fork (pyserial-labgrid, installed with labgrid)
+    adds `ign_set_control` to skip the wait, and labgrid's own serial driver uses it too."""
     host, port = resource.params.get("host"), resource.params.get("port")
-    scheme = "socket" if resource.params.get("protocol") == "raw" else "rfc2217"
-    return f"{scheme}://{host}:{port}"
+    if resource.params.get("protocol") == "raw":
+        return f"socket://{host}:{port}"
+    return f"rfc2217://{host}:{port}?ign_set_control"
 
 
 def _serial_port(session: FarmSession, place: str, wait_s: float) -> PlaceResource:
