@@ -34,6 +34,7 @@ import time
 import tty
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -129,17 +130,19 @@ def build_standin(directory: Path) -> Path:
 
 
 def complete_uf2(path: Path) -> bytes | None:
-    """The file's bytes once it holds every block its UF2 header announces, else None."""
+    """The file's bytes once its last block is the last of its run of blocks (a copy in
+    progress ends elsewhere), else None. The RP2350 image starts with a two-block run of its
+    own (the RP2350-E10 absolute block), so the first block's count does not say it."""
     try:
         data = path.read_bytes()
     except OSError:
         return None
-    if len(data) < 512:
+    if len(data) < 512 or len(data) % 512:
         return None
-    magic0, magic1, _flags, _addr, _size, _block, total = struct.unpack_from("<7I", data)
-    if (magic0, magic1) != UF2_MAGIC:
+    if struct.unpack_from("<2I", data) != UF2_MAGIC:
         raise ValueError(f"{path} is not a UF2 file")
-    return data if len(data) >= total * 512 else None
+    block_no, total = struct.unpack_from("<2I", data, len(data) - 512 + 20)
+    return data if block_no == total - 1 else None
 
 
 @dataclass
@@ -158,7 +161,9 @@ class StandInBoard:
     place: str
     exe: Path
     root: Path
-    values: np.ndarray = field(default_factory=lambda: np.arange(10, dtype=np.float32))
+    # What the stand-in sends as output 0: an array, or a function called at flash time
+    # (a test that builds through `deploykit run` reads the export's reference then).
+    values: Any = field(default_factory=lambda: np.arange(10, dtype=np.float32))
     serve_ms: int = 20000
 
     def __post_init__(self) -> None:
@@ -194,7 +199,8 @@ class StandInBoard:
             self.flashes.append(flash)
             for p in self.drive.iterdir():  # the drive goes away: the board reboots
                 p.unlink()
-            self.values_file.write_bytes(np.asarray(self.values, np.float32).tobytes())
+            values = self.values() if callable(self.values) else self.values
+            self.values_file.write_bytes(np.asarray(values, np.float32).tobytes())
             self.running.set()
             proc = subprocess.Popen([str(self.exe), str(self.master), str(self.values_file),
                                      str(self.serve_ms)], pass_fds=(self.master,),

@@ -286,5 +286,6 @@ def held_place(session: FarmSession, query: PlaceQuery, *, timeout_s: float = 30
     try:
         yield place
     finally:
+        progress(f"releasing {place.name}")
         session.release(place.name)
         progress(f"released {place.name}")
