@@ -120,12 +120,29 @@ def build_standin(directory: Path) -> Path:
     fw = repo_root() / "firmware"
     src, exe = directory / "farm_standin.c", directory / "farm_standin"
     src.write_text(STANDIN_C)
-    subprocess.run([CC, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror",
-                    "-DDK_LINK_TRANSCRIPT_BYTES=8192", "-DDK_LINK_REPEAT_MS=300",
-                    f"-I{fw / 'boards' / 'rp2350'}", f"-I{fw / 'boards'}",
-                    f"-I{fw / 'protocol'}", str(src), str(fw / "boards" / "rp2350" / "dk_link.c"),
-                    str(fw / "protocol" / "dk_protocol.c"), "-o", str(exe)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            CC,
+            "-std=c11",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-DDK_LINK_TRANSCRIPT_BYTES=8192",
+            "-DDK_LINK_REPEAT_MS=300",
+            f"-I{fw / 'boards' / 'rp2350'}",
+            f"-I{fw / 'boards'}",
+            f"-I{fw / 'protocol'}",
+            str(src),
+            str(fw / "boards" / "rp2350" / "dk_link.c"),
+            str(fw / "protocol" / "dk_protocol.c"),
+            "-o",
+            str(exe),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return exe
 
 
@@ -202,9 +219,11 @@ class StandInBoard:
             values = self.values() if callable(self.values) else self.values
             self.values_file.write_bytes(np.asarray(values, np.float32).tobytes())
             self.running.set()
-            proc = subprocess.Popen([str(self.exe), str(self.master), str(self.values_file),
-                                     str(self.serve_ms)], pass_fds=(self.master,),
-                                    stdout=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [str(self.exe), str(self.master), str(self.values_file), str(self.serve_ms)],
+                pass_fds=(self.master,),
+                stdout=subprocess.DEVNULL,
+            )
             while proc.poll() is None and not self._stop.is_set():
                 time.sleep(0.05)
             if proc.poll() is None:
@@ -255,28 +274,45 @@ class LocalFarm:
         return proc
 
     def _start(self) -> None:
-        self._spawn([_labgrid_tool("labgrid-coordinator"), "-l", self.address],
-                    "coordinator.log")
+        self._spawn([_labgrid_tool("labgrid-coordinator"), "-l", self.address], "coordinator.log")
         host, port = self.address.split(":")
         deadline = time.monotonic() + 20
         while True:
             with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 1):
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError("labgrid-coordinator did not start: "
-                                   + (self.root / "coordinator.log").read_text())
+                raise RuntimeError(
+                    "labgrid-coordinator did not start: "
+                    + (self.root / "coordinator.log").read_text()
+                )
             time.sleep(0.1)
         config = {}
         for name, board in self.boards.items():
             config[self.group(name)] = {
                 "RawSerialPort": {"port": board.tty, "speed": 115200},
-                "NetworkUSBMassStorage": {"host": "127.0.0.1", "path": str(board.drive),
-                                          "busnum": 1, "devnum": 5, "vendor_id": 0x2E8A,
-                                          "model_id": 0x000F},
+                "NetworkUSBMassStorage": {
+                    "host": "127.0.0.1",
+                    "path": str(board.drive),
+                    "busnum": 1,
+                    "devnum": 5,
+                    "vendor_id": 0x2E8A,
+                    "model_id": 0x000F,
+                },
             }
         (self.root / "exporter.yaml").write_text(yaml.safe_dump(config))
-        self._spawn([_labgrid_tool("labgrid-exporter"), "-c", self.address, "-n", "lab",
-                     "--hostname", "127.0.0.1", "exporter.yaml"], "exporter.log")
+        self._spawn(
+            [
+                _labgrid_tool("labgrid-exporter"),
+                "-c",
+                self.address,
+                "-n",
+                "lab",
+                "--hostname",
+                "127.0.0.1",
+                "exporter.yaml",
+            ],
+            "exporter.log",
+        )
         for name in self.boards:
             self.lg("-p", name, "create")
             self.lg("-p", name, "add-match", f"lab/{self.group(name)}/*")
@@ -284,8 +320,10 @@ class LocalFarm:
         deadline = time.monotonic() + 30
         while self.lg("resources").count("NetworkSerialPort") < len(self.boards):
             if time.monotonic() > deadline:
-                raise RuntimeError("the exporter's resources did not appear: "
-                                   + (self.root / "exporter.log").read_text())
+                raise RuntimeError(
+                    "the exporter's resources did not appear: "
+                    + (self.root / "exporter.log").read_text()
+                )
             time.sleep(0.2)
 
     @staticmethod
@@ -293,8 +331,13 @@ class LocalFarm:
         return place.replace("/", "_")
 
     def lg(self, *args: str) -> str:
-        res = subprocess.run([self.client, "-x", self.address, *args], capture_output=True,
-                             text=True, timeout=60, cwd=self.root)
+        res = subprocess.run(
+            [self.client, "-x", self.address, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=self.root,
+        )
         if res.returncode != 0:
             raise RuntimeError(f"labgrid-client {' '.join(args)}: {res.stdout}{res.stderr}")
         return res.stdout

@@ -29,14 +29,18 @@ from deploykit.errors import ExitCode
 from deploykit.uf2 import pages_to_uf2
 
 pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("labgrid") is None,
-                       reason="labgrid is not installed: pip install 'deploykit[farm]' "
-                       "(scripts/install --farm)"),
-    pytest.mark.skipif(shutil.which("ser2net") is None and not Path("/usr/sbin/ser2net").exists(),
-                       reason="ser2net is not installed (apt-get install ser2net; scripts/"
-                       "install --farm)"),
-    pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                       reason="no host C compiler for the board stand-in (apt-get install gcc)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("labgrid") is None,
+        reason="labgrid is not installed: pip install 'deploykit[farm]' (scripts/install --farm)",
+    ),
+    pytest.mark.skipif(
+        shutil.which("ser2net") is None and not Path("/usr/sbin/ser2net").exists(),
+        reason="ser2net is not installed (apt-get install ser2net; scripts/install --farm)",
+    ),
+    pytest.mark.skipif(
+        shutil.which("cc") is None and shutil.which("gcc") is None,
+        reason="no host C compiler for the board stand-in (apt-get install gcc)",
+    ),
 ]
 
 PLACES = ["lab/pico2-3", "lab/pico2-4"]
@@ -84,31 +88,36 @@ def image(tmp_path) -> Path:
     fw = tmp_path / "fw"
     fw.mkdir()
     page = bytes(range(256))
-    (fw / "dk_runner.uf2").write_bytes(pages_to_uf2({0x10000000: page}, "rp2350-arm-s",
-                                                    abs_block=0x10FFFF00))
+    (fw / "dk_runner.uf2").write_bytes(
+        pages_to_uf2({0x10000000: page}, "rp2350-arm-s", abs_block=0x10FFFF00)
+    )
     return fw / "dk_runner.elf"
 
 
 def runner(farm, place: str, **kw):
     from deploykit.runners.serial_port import PicoRunner
 
-    return PicoRunner({"kind": "pico"}, board=load_board("pico2"), place=place,
-                      coordinator=farm.address, **kw)
+    return PicoRunner(
+        {"kind": "pico"}, board=load_board("pico2"), place=place, coordinator=farm.address, **kw
+    )
 
 
 def test_a_run_goes_through_a_place(farm, image, tmp_path):
     farm.boards["lab/pico2-3"].values = np.linspace(-1, 1, 10, dtype=np.float32)
     lines = []
-    res = runner(farm, "lab/pico2-3", progress=lines.append).run(image, tmp_path / "out",
-                                                                  timeout_s=30, check=False)
+    res = runner(farm, "lab/pico2-3", progress=lines.append).run(
+        image, tmp_path / "out", timeout_s=30, check=False
+    )
     assert res.outcome().exit_code == ExitCode.OK, res.outcome()
-    np.testing.assert_array_equal(res.records.tensors[0].data.ravel(),
-                                  np.linspace(-1, 1, 10, dtype=np.float32))
+    np.testing.assert_array_equal(
+        res.records.tensors[0].data.ravel(), np.linspace(-1, 1, 10, dtype=np.float32)
+    )
     assert res.runner.startswith("pico2 on rfc2217://127.0.0.1:")  # through ser2net
     flashes = farm.boards["lab/pico2-3"].flashes
     uf2 = image.with_suffix(".uf2").read_bytes()
-    assert [(f.name, f.sha256) for f in flashes] == [("dk_runner.uf2",
-                                                      hashlib.sha256(uf2).hexdigest())]
+    assert [(f.name, f.sha256) for f in flashes] == [
+        ("dk_runner.uf2", hashlib.sha256(uf2).hexdigest())
+    ]
     assert flashes[0].standin_exit == 0  # the stand-in got the host's ACK
     assert farm.boards["lab/pico2-4"].flashes == []
     assert any(line.startswith("acquired lab/pico2-3") for line in lines)
@@ -149,8 +158,9 @@ def test_unknown_place_and_no_coordinator_are_clear_errors(farm, image, tmp_path
     from deploykit.runners.serial_port import PicoRunner
 
     with pytest.raises(FarmError, match="No labgrid coordinator"):
-        PicoRunner({"kind": "pico"}, board=load_board("pico2"),
-                   place="lab/pico2-3").run(image, tmp_path / "out")
+        PicoRunner({"kind": "pico"}, board=load_board("pico2"), place="lab/pico2-3").run(
+            image, tmp_path / "out"
+        )
 
 
 def _hold_intervals(logs: list[Path]) -> dict[str, list[tuple[float, float, str]]]:
@@ -165,8 +175,7 @@ def _hold_intervals(logs: list[Path]) -> dict[str, list[tuple[float, float, str]
             if message.startswith("acquired "):
                 start[words[1]] = float(stamp)
             elif message.startswith("releasing "):
-                held.setdefault(words[1], []).append((start.pop(words[1]), float(stamp),
-                                                      log.name))
+                held.setdefault(words[1], []).append((start.pop(words[1]), float(stamp), log.name))
     return held
 
 
@@ -175,16 +184,33 @@ def test_contention_two_places_four_runs_and_a_ctrl_c(farm, image, tmp_path):
         board.values = np.full(10, 0.25, dtype=np.float32)
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo_root() / "tools"),
-                                                       os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(repo_root() / "tools"), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
     jobs, logs = [], []
     for i in range(4):
         log = tmp_path / f"job{i}.log"
         logs.append(log)
-        jobs.append(subprocess.Popen(
-            [sys.executable, str(script), "board=pico2", farm.address, "60", str(image),
-             str(tmp_path / f"out{i}"), str(log)],
-            env={**env, "LG_USERNAME": f"job{i}"}, stderr=subprocess.PIPE, text=True))
+        jobs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(script),
+                    "board=pico2",
+                    farm.address,
+                    "60",
+                    str(image),
+                    str(tmp_path / f"out{i}"),
+                    str(log),
+                ],
+                env={**env, "LG_USERNAME": f"job{i}"},
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     # Ctrl-C for job 0 as soon as it holds a place.
     deadline = time.monotonic() + 60
     while not (logs[0].exists() and "acquired " in logs[0].read_text()):
@@ -203,7 +229,7 @@ def test_contention_two_places_four_runs_and_a_ctrl_c(farm, image, tmp_path):
     assert sum(len(v) for v in held.values()) == 4
     for place, intervals in held.items():
         intervals.sort()
-        for (_s0, end0, job0), (start1, _e1, job1) in zip(intervals, intervals[1:]):
+        for (_s0, end0, job0), (start1, _e1, job1) in zip(intervals, intervals[1:], strict=False):
             assert end0 <= start1, f"{place} held by {job0} and {job1} at once"
     assert sum(len(b.flashes) for b in farm.boards.values()) >= 3
     assert all(b.overlaps == 0 for b in farm.boards.values())
@@ -230,9 +256,25 @@ def test_deploykit_run_place_builds_flashes_reads_and_compares(farm, tmp_path):
         return np.load(out / "export" / "reference.npz")["output_0"].ravel()
 
     board = farm.boards["lab/pico2-3"]
-    cmd = [sys.executable, "-m", "deploykit", "--json", "run", "--board", "pico2", "--model",
-           "mlp_mnist", "--out", str(out), "--place", "lab/pico2-3", "--coordinator",
-           farm.address, "--timeout", "30"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deploykit",
+        "--json",
+        "run",
+        "--board",
+        "pico2",
+        "--model",
+        "mlp_mnist",
+        "--out",
+        str(out),
+        "--place",
+        "lab/pico2-3",
+        "--coordinator",
+        farm.address,
+        "--timeout",
+        "30",
+    ]
     env = {**os.environ, "PYTHONPATH": str(repo_root() / "tools")}
     board.values = reference
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
@@ -240,8 +282,10 @@ def test_deploykit_run_place_builds_flashes_reads_and_compares(farm, tmp_path):
     report = json.loads(res.stdout)
     assert report["passed"] is True
     assert len(board.flashes) == 1
-    assert board.flashes[0].sha256 == hashlib.sha256(
-        (out / "firmware" / "dk_runner.uf2").read_bytes()).hexdigest()
+    assert (
+        board.flashes[0].sha256
+        == hashlib.sha256((out / "firmware" / "dk_runner.uf2").read_bytes()).hexdigest()
+    )
     board.values = lambda: reference() + 0.5
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == ExitCode.MISMATCH, res.stderr[-3000:]

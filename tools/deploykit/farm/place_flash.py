@@ -3,11 +3,10 @@
 The board file's `flashers:` list is the order of preference, as for a board on this machine
 (deploykit.flashers); each kind maps to the labgrid resource that carries it on a place:
 
-| flasher   | place resource (exported as)                  | how                                  |
-|-----------|-----------------------------------------------|--------------------------------------|
-| picotool  | USBFlashableDevice (NetworkUSBFlashableDevice) | `picotool load -v -x` on the exporter |
-| uf2-drive | USBMassStorage (NetworkUSBMassStorage)         | copy the UF2 onto the drive           |
-| openocd   | USBDebugger (NetworkUSBDebugger)               | `openocd ... program` on the exporter |
+- picotool: USBFlashableDevice (exported as NetworkUSBFlashableDevice), `picotool load -v
+  -x` on the exporter;
+- uf2-drive: USBMassStorage (NetworkUSBMassStorage), the UF2 copied onto the drive;
+- openocd: USBDebugger (NetworkUSBDebugger), `openocd ... program` on the exporter.
 
 The first kind whose resource the place has, and the exporter sees now (`avail`), is used;
 pyocd has no labgrid resource and is skipped. The image kind (UF2 or ELF) is the flasher's
@@ -60,14 +59,17 @@ class PlaceFlash:
     notes: tuple[str, ...] = ()
 
     def summary(self) -> str:
-        lines = [f"flashed {self.image.name} with {self.kind} through "
-                 f"{self.resource.cls} {self.resource.name} in {self.seconds:.1f} s",
-                 "  $ " + " ".join(self.command)]
+        lines = [
+            f"flashed {self.image.name} with {self.kind} through "
+            f"{self.resource.cls} {self.resource.name} in {self.seconds:.1f} s",
+            "  $ " + " ".join(self.command),
+        ]
         return "\n".join(lines + [f"  note: {n}" for n in self.notes])
 
 
-def choose(board: Any, resources: Sequence[PlaceResource],
-           place: str) -> tuple[dict[str, Any], PlaceResource]:
+def choose(
+    board: Any, resources: Sequence[PlaceResource], place: str
+) -> tuple[dict[str, Any], PlaceResource]:
     """The board file's first flasher whose resource the place has and sees (its config and
     the resource); FlashError naming what the place has otherwise."""
     seen = []
@@ -79,11 +81,13 @@ def choose(board: Any, resources: Sequence[PlaceResource],
             continue
         found = [r for r in resources if r.cls == cls]
         if len(found) > 1:
-            raise FlashError(f"Place {place} has {len(found)} {cls} resources "
-                             f"({', '.join(r.name for r in found)}); deploykit cannot tell "
-                             f"which one is the {board.name}.",
-                             "Give the place one resource of each kind (labgrid-client "
-                             "-p PLACE delete-match / add-match).")
+            raise FlashError(
+                f"Place {place} has {len(found)} {cls} resources "
+                f"({', '.join(r.name for r in found)}); deploykit cannot tell "
+                f"which one is the {board.name}.",
+                "Give the place one resource of each kind (labgrid-client "
+                "-p PLACE delete-match / add-match).",
+            )
         if not found:
             seen.append(f"{kind}: the place has no {cls}")
         elif not found[0].avail:
@@ -91,10 +95,13 @@ def choose(board: Any, resources: Sequence[PlaceResource],
         else:
             return config, found[0]
     have = ", ".join(sorted({r.cls for r in resources})) or "none"
-    raise FlashError(f"Nothing on place {place} can flash the {board.name}: "
-                     + "; ".join(seen) + f". The place has: {have}.",
-                     "Put the board in BOOTSEL mode (its drive and boot device then appear "
-                     "on the exporter), or add its debug probe to the place.")
+    raise FlashError(
+        f"Nothing on place {place} can flash the {board.name}: "
+        + "; ".join(seen)
+        + f". The place has: {have}.",
+        "Put the board in BOOTSEL mode (its drive and boot device then appear "
+        "on the exporter), or add its debug probe to the place.",
+    )
 
 
 class ExporterHost:
@@ -111,20 +118,23 @@ class ExporterHost:
         else:
             from labgrid.util.ssh import sshmanager
 
-            cmd = [*sshmanager.get(self.host).get_prefix(), "--",
-                   *(shlex.quote(a) for a in argv)]
+            cmd = [*sshmanager.get(self.host).get_prefix(), "--", *(shlex.quote(a) for a in argv)]
         try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                                 check=False)
+            res = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout_s, check=False
+            )
         except subprocess.TimeoutExpired as exc:
-            raise FlashError(f"`{' '.join(argv)}` on {self.host} did not finish in "
-                             f"{timeout_s:g} s.", "Check the board's USB connection.") from exc
+            raise FlashError(
+                f"`{' '.join(argv)}` on {self.host} did not finish in {timeout_s:g} s.",
+                "Check the board's USB connection.",
+            ) from exc
         text = (res.stdout or "") + (res.stderr or "")
         if res.returncode != 0:
             tail = "\n".join(text.strip().splitlines()[-12:])
-            raise FlashError(f"`{' '.join(argv)}` on {self.host} failed "
-                             f"(exit {res.returncode}):\n{tail}",
-                             "Check the place's resources (labgrid-client -p PLACE show).")
+            raise FlashError(
+                f"`{' '.join(argv)}` on {self.host} failed (exit {res.returncode}):\n{tail}",
+                "Check the place's resources (labgrid-client -p PLACE show).",
+            )
         return text
 
     def put(self, local: Path) -> str:
@@ -157,14 +167,23 @@ class ExporterHost:
         return True
 
 
-def flash_place(board: Any, image: FlashImage, resources: Sequence[PlaceResource], place: str,
-                *, progress: Progress = _quiet, eject_timeout_s: float = 10.0) -> PlaceFlash:
+def flash_place(
+    board: Any,
+    image: FlashImage,
+    resources: Sequence[PlaceResource],
+    place: str,
+    *,
+    progress: Progress = _quiet,
+    eject_timeout_s: float = 10.0,
+) -> PlaceFlash:
     config, resource = choose(board, resources, place)
     kind = config["kind"]
     path = Path(image.for_kind(FLASHERS[kind].capabilities.image))
     if not path.is_file():
-        raise FlashError(f"{kind} writes the {path.suffix[1:].upper()}, and {path} does not "
-                         "exist.", "Build it first: deploykit build --board B --model M")
+        raise FlashError(
+            f"{kind} writes the {path.suffix[1:].upper()}, and {path} does not exist.",
+            "Build it first: deploykit build --board B --model M",
+        )
     host = ExporterHost(str(resource.params.get("host", "localhost")))
     progress(f"flashing {path.name} with {kind} through {place}'s {resource.cls} on {host.host}")
     t0 = time.monotonic()
@@ -173,34 +192,57 @@ def flash_place(board: Any, image: FlashImage, resources: Sequence[PlaceResource
         command = _copy_to_drive(host, resource, path, notes, eject_timeout_s)
     elif kind == "picotool":
         remote = host.put(path)
-        command = ["picotool", "load", "-v", "-x", remote, "-t", "uf2",
-                   "--bus", str(resource.params["busnum"]),
-                   "--address", str(resource.params["devnum"])]
+        command = [
+            "picotool",
+            "load",
+            "-v",
+            "-x",
+            remote,
+            "-t",
+            "uf2",
+            "--bus",
+            str(resource.params["busnum"]),
+            "--address",
+            str(resource.params["devnum"]),
+        ]
         host.run(command, timeout_s=180.0)
     else:  # openocd
         remote = host.put(path)
-        command = ["openocd", "-f", str(config.get("interface", "interface/cmsis-dap.cfg")),
-                   "-f", str(config.get("target", "target/rp2350.cfg")),
-                   "-c", f"adapter speed {int(config.get('adapter_khz', 5000))}",
-                   "-c", f"adapter usb location {resource.params['path']}",
-                   "-c", f"program {remote} verify reset exit"]
+        command = [
+            "openocd",
+            "-f",
+            str(config.get("interface", "interface/cmsis-dap.cfg")),
+            "-f",
+            str(config.get("target", "target/rp2350.cfg")),
+            "-c",
+            f"adapter speed {int(config.get('adapter_khz', 5000))}",
+            "-c",
+            f"adapter usb location {resource.params['path']}",
+            "-c",
+            f"program {remote} verify reset exit",
+        ]
         host.run(command)
-    return PlaceFlash(kind, resource, path, time.monotonic() - t0, tuple(command),
-                      tuple(notes))
+    return PlaceFlash(kind, resource, path, time.monotonic() - t0, tuple(command), tuple(notes))
 
 
-def _copy_to_drive(host: ExporterHost, resource: PlaceResource, uf2: Path, notes: list[str],
-                   eject_timeout_s: float) -> list[str]:
+def _copy_to_drive(
+    host: ExporterHost, resource: PlaceResource, uf2: Path, notes: list[str], eject_timeout_s: float
+) -> list[str]:
     drive = str(resource.params.get("path", ""))
     if not drive:
-        raise FlashError(f"The place's {resource.cls} {resource.name} has no path.",
-                         "Check the exporter's configuration.")
+        raise FlashError(
+            f"The place's {resource.cls} {resource.name} has no path.",
+            "Check the exporter's configuration.",
+        )
     if not host.is_dir(drive):
         return _write_with_labgrid(resource, uf2)
     info = str(PurePosixPath(drive) / INFO_FILE)
     if not host.exists(info):
-        raise FlashError(f"{drive} on {host.host} has no {INFO_FILE}: it is not (or no longer) "
-                         "a UF2 boot drive.", "Put the board in BOOTSEL mode and retry.")
+        raise FlashError(
+            f"{drive} on {host.host} has no {INFO_FILE}: it is not (or no longer) "
+            "a UF2 boot drive.",
+            "Put the board in BOOTSEL mode and retry.",
+        )
     remote = host.put(uf2)
     command = ["cp", remote, str(PurePosixPath(drive) / uf2.name)]
     host.run(command)
@@ -209,8 +251,10 @@ def _copy_to_drive(host: ExporterHost, resource: PlaceResource, uf2: Path, notes
     while time.monotonic() < deadline and host.exists(info):
         time.sleep(0.1)
     if host.exists(info):
-        notes.append(f"the drive was still there {eject_timeout_s:g} s after the copy; the "
-                     "board normally reboots and the drive goes away")
+        notes.append(
+            f"the drive was still there {eject_timeout_s:g} s after the copy; the "
+            "board normally reboots and the drive goes away"
+        )
     return command
 
 
@@ -229,9 +273,11 @@ def _write_with_labgrid(resource: PlaceResource, uf2: Path) -> list[str]:
     try:
         driver.write_files([str(uf2)], PurePosixPath("/"), None, target_is_directory=True)
     except Exception as exc:  # labgrid's ExecutionError, CalledProcessError
-        raise FlashError(f"Copying {uf2.name} to the drive {resource.params.get('path')} on "
-                         f"{resource.params.get('host')} failed: {exc}",
-                         "Check that udisks2 runs on the exporter.") from exc
+        raise FlashError(
+            f"Copying {uf2.name} to the drive {resource.params.get('path')} on "
+            f"{resource.params.get('host')} failed: {exc}",
+            "Check that udisks2 runs on the exporter.",
+        ) from exc
     finally:
         target.cleanup()
     return ["labgrid USBStorageDriver.write_files", str(uf2), str(resource.params.get("path"))]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from deploykit.errors import DeployKitError
@@ -27,7 +27,6 @@ from deploykit.farm.session import (
     held_place,
 )
 from deploykit.flashers import FlashImage
-from deploykit.runners.base import RunResult
 
 Progress = Callable[[str], None]
 SERIAL_CLASS = "NetworkSerialPort"
@@ -56,55 +55,68 @@ def _serial_port(session: FarmSession, place: str, wait_s: float) -> PlaceResour
     while True:
         ports = [r for r in session.resources(place) if r.cls == SERIAL_CLASS]
         if len(ports) > 1:
-            raise FarmError(f"Place {place} has {len(ports)} serial ports "
-                            f"({', '.join(r.name for r in ports)}); deploykit reads one.",
-                            "Give the place only the board's console port.")
+            raise FarmError(
+                f"Place {place} has {len(ports)} serial ports "
+                f"({', '.join(r.name for r in ports)}); deploykit reads one.",
+                "Give the place only the board's console port.",
+            )
         if not ports:
-            raise FarmError(f"Place {place} has no serial port ({SERIAL_CLASS}).",
-                            "Add the board's USB serial port to the exporter and the place "
-                            "(deploykit farm exporter-config writes it).")
+            raise FarmError(
+                f"Place {place} has no serial port ({SERIAL_CLASS}).",
+                "Add the board's USB serial port to the exporter and the place "
+                "(deploykit farm exporter-config writes it).",
+            )
         if ports[0].avail and ports[0].params.get("port"):
             return ports[0]
         if time.monotonic() >= deadline:
-            raise FarmError(f"The serial port of place {place} is not available on its "
-                            f"exporter ({ports[0].params.get('host')}).",
-                            "Check that the board is plugged in there and that ser2net is "
-                            "installed on the exporter.")
+            raise FarmError(
+                f"The serial port of place {place} is not available on its "
+                f"exporter ({ports[0].params.get('host')}).",
+                "Check that the board is plugged in there and that ser2net is "
+                "installed on the exporter.",
+            )
         time.sleep(0.2)
 
 
-def run_on_place(board: Any, elf: Path, out_dir: Path, *, place: str,
-                 coordinator: str | None = None, place_timeout_s: float = 300.0,
-                 timeout_s: float = 120.0, check: bool = True,
-                 progress: Progress = _quiet) -> RunResult:
-    from deploykit.families import family_of
-    from deploykit.runners.serial_port import read_board
+@dataclass
+class PlaceRun:
+    """A held and flashed place: where to read the results, what was done, and the outcome
+    the caller sets for the place's `dk_result` tag."""
 
-    elf = Path(elf)
-    uf2 = elf.with_suffix(".uf2")
-    if not uf2.exists() and elf.exists():
-        from deploykit.uf2 import write_uf2
+    place: str
+    serial_url: str
+    notes: list[str]
+    outcome: str = "interrupted"
 
-        write_uf2(elf, uf2, family=family_of(board).uf2_family(board))
+
+@contextlib.contextmanager
+def on_place(
+    board: Any,
+    image: FlashImage,
+    *,
+    place: str,
+    coordinator: str | None = None,
+    place_timeout_s: float = 300.0,
+    progress: Progress = _quiet,
+) -> Iterator[PlaceRun]:
+    """Acquire a place (`place`: a name or TAG=VALUE,...), flash `image` through it and hold
+    it while the body reads the board; release it however the body ends."""
     query = PlaceQuery.parse(place)
-    run_dir = Path(out_dir) / "run"
-    with FarmSession(coordinator) as session:
-        outcome = "interrupted"
-        with held_place(session, query, timeout_s=place_timeout_s, progress=progress) as held:
-            try:
-                resources = session.resources(held.name)
-                flashed = flash_place(board, FlashImage(elf, uf2), resources, held.name,
-                                      progress=progress)
-                url = serial_url(_serial_port(session, held.name, 10.0))
-                result = read_board(board, run_dir, timeout_s=timeout_s, port=url,
-                                    check=False, progress=progress,
-                                    notes=[f"place {held.name} ({session.address})",
-                                           flashed.summary()])
-                outcome = result.outcome().exit_code.name.lower()
-            except DeployKitError as exc:
-                outcome = exc.exit_code.name.lower()
-                raise
-            finally:
-                with contextlib.suppress(Exception):
-                    session.set_tags(held.name, {RESULT_TAG: outcome})
-    return result.check() if check else result
+    with (
+        FarmSession(coordinator) as session,
+        held_place(session, query, timeout_s=place_timeout_s, progress=progress) as held,
+    ):
+        run = PlaceRun(held.name, "", [f"place {held.name} ({session.address})"])
+        try:
+            flashed = flash_place(
+                board, image, session.resources(held.name), held.name, progress=progress
+            )
+            run.notes.append(flashed.summary())
+            run.serial_url = serial_url(_serial_port(session, held.name, 10.0))
+            yield run
+        except DeployKitError as exc:
+            run.outcome = exc.exit_code.name.lower()
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                session.set_tags(held.name, {RESULT_TAG: run.outcome})

@@ -82,15 +82,19 @@ class PlaceQuery:
         text = text.strip()
         if "=" not in text:
             if not text:
-                raise FarmError("--place is empty.", "Give a place name, or tags such as "
-                                "board=pico2 for any free place with them.")
+                raise FarmError(
+                    "--place is empty.",
+                    "Give a place name, or tags such as board=pico2 for any free place with them.",
+                )
             return cls(name=text)
         tags = {}
         for pair in text.split(","):
             key, sep, value = pair.partition("=")
             if not sep or not key.strip() or not value.strip():
-                raise FarmError(f"--place {text!r}: {pair!r} is not KEY=VALUE.",
-                                "Give a place name, or tags: --place board=pico2[,KEY=VALUE].")
+                raise FarmError(
+                    f"--place {text!r}: {pair!r} is not KEY=VALUE.",
+                    "Give a place name, or tags: --place board=pico2[,KEY=VALUE].",
+                )
             tags[key.strip()] = value.strip()
         return cls(tags=tags)
 
@@ -108,9 +112,11 @@ class PlaceQuery:
 def coordinator_address(given: str | None) -> str:
     address = given or os.environ.get("LG_COORDINATOR")
     if not address:
-        raise FarmError("No labgrid coordinator given.",
-                        "Pass --coordinator HOST[:PORT] or set LG_COORDINATOR "
-                        f"(labgrid-coordinator listens on port {DEFAULT_PORT}).")
+        raise FarmError(
+            "No labgrid coordinator given.",
+            "Pass --coordinator HOST[:PORT] or set LG_COORDINATOR "
+            f"(labgrid-coordinator listens on port {DEFAULT_PORT}).",
+        )
     return address if ":" in address.rsplit("]", 1)[-1] else f"{address}:{DEFAULT_PORT}"
 
 
@@ -120,7 +126,8 @@ def _labgrid() -> Any:
     except ImportError as exc:
         raise EnvironmentProblem(
             f"Running on a labgrid board farm needs labgrid, which is not installed ({exc}).",
-            "pip install 'deploykit[farm]' (labgrid 26 with its pyserial fork).") from exc
+            "pip install 'deploykit[farm]' (labgrid 26 with its pyserial fork).",
+        ) from exc
     return client
 
 
@@ -131,8 +138,9 @@ class FarmSession:
         client = _labgrid()
         self.address = coordinator_address(address)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="labgrid-session",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="labgrid-session", daemon=True
+        )
         self._thread.start()
 
         async def start() -> Any:
@@ -145,9 +153,11 @@ class FarmSession:
             self._session = self._call(start(), connect_timeout_s)
         except Exception as exc:  # labgrid's ServerError, gRPC's errors, a timeout
             self._stop_loop()
-            raise FarmError(f"Cannot reach the labgrid coordinator at {self.address}: {exc}",
-                            "Check that labgrid-coordinator runs there and the address "
-                            "(--coordinator or LG_COORDINATOR).") from exc
+            raise FarmError(
+                f"Cannot reach the labgrid coordinator at {self.address}: {exc}",
+                "Check that labgrid-coordinator runs there and the address "
+                "(--coordinator or LG_COORDINATOR).",
+            ) from exc
 
     # -- plumbing: run a coroutine on the session's loop --------------------------------------
 
@@ -177,9 +187,16 @@ class FarmSession:
         self.sync()
         out = []
         for name, p in sorted(self._session.places.items()):
-            out.append(PlaceInfo(name=name, tags=dict(p.tags), holder=p.acquired or None,
-                                 aliases=tuple(sorted(p.aliases)), comment=p.comment or "",
-                                 matches=tuple(str(m) for m in p.matches)))
+            out.append(
+                PlaceInfo(
+                    name=name,
+                    tags=dict(p.tags),
+                    holder=p.acquired or None,
+                    aliases=tuple(sorted(p.aliases)),
+                    comment=p.comment or "",
+                    matches=tuple(str(m) for m in p.matches),
+                )
+            )
         return out
 
     def find(self, query: PlaceQuery) -> list[PlaceInfo]:
@@ -187,13 +204,21 @@ class FarmSession:
         found = [p for p in places if query.matches(p)]
         if not found:
             known = ", ".join(f"{p.name} ({p.board or 'no board tag'})" for p in places)
-            raise FarmError(f"The coordinator at {self.address} has no {query.describe()}.",
-                            f"Its places: {known or 'none'}. A place is tagged with "
-                            f"`labgrid-client -p NAME set-tags {BOARD_TAG}=BOARD`.")
+            raise FarmError(
+                f"The coordinator at {self.address} has no {query.describe()}.",
+                f"Its places: {known or 'none'}. A place is tagged with "
+                f"`labgrid-client -p NAME set-tags {BOARD_TAG}=BOARD`.",
+            )
         return found
 
-    def acquire(self, query: PlaceQuery, *, timeout_s: float = 300.0,
-                progress: Progress = _quiet, poll_s: float = 0.5) -> PlaceInfo:
+    def acquire(
+        self,
+        query: PlaceQuery,
+        *,
+        timeout_s: float = 300.0,
+        progress: Progress = _quiet,
+        poll_s: float = 0.5,
+    ) -> PlaceInfo:
         """Acquire the named place, or any free place with the query's tags; wait for one to
         be released until `timeout_s`, then fail naming who holds them."""
         from labgrid.remote.generated import labgrid_coordinator_pb2 as pb2
@@ -210,15 +235,19 @@ class FarmSession:
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                         continue  # another job was quicker, or a resource is in use
-                    raise FarmError(f"Acquiring {place.name} failed: {exc.details()}",
-                                    "See the coordinator's log.") from exc
+                    raise FarmError(
+                        f"Acquiring {place.name} failed: {exc.details()}",
+                        "See the coordinator's log.",
+                    ) from exc
                 self.sync()
                 return place
             held = "; ".join(f"{p.name} held by {p.holder}" for p in candidates if p.holder)
             if time.monotonic() >= deadline:
-                raise FarmError(f"No free {query.describe()} within {timeout_s:g} s: {held}.",
-                                "Wait for the holder to finish, raise --place-timeout, or "
-                                "ask them to release it (labgrid-client -p NAME release).")
+                raise FarmError(
+                    f"No free {query.describe()} within {timeout_s:g} s: {held}.",
+                    "Wait for the holder to finish, raise --place-timeout, or "
+                    "ask them to release it (labgrid-client -p NAME release).",
+                )
             if not waiting_said:
                 progress(f"waiting up to {timeout_s:g} s for {query.describe()} ({held})")
                 waiting_said = True
@@ -231,8 +260,10 @@ class FarmSession:
         try:
             self._rpc("ReleasePlace", pb2.ReleasePlaceRequest(placename=name))
         except grpc.aio.AioRpcError as exc:
-            raise FarmError(f"Releasing {name} failed: {exc.details()}",
-                            f"Release it by hand: labgrid-client -p {name} release") from exc
+            raise FarmError(
+                f"Releasing {name} failed: {exc.details()}",
+                f"Release it by hand: labgrid-client -p {name} release",
+            ) from exc
 
     def set_tags(self, name: str, tags: dict[str, str]) -> None:
         from labgrid.remote.generated import labgrid_coordinator_pb2 as pb2
@@ -246,10 +277,14 @@ class FarmSession:
         try:
             entries = self._session.get_target_resources(place)
         except Exception as exc:  # labgrid's UserError/ServerError: not ours, or orphaned
-            raise FarmError(f"Place {name}: {exc}", "Check that its exporter is running "
-                            "(labgrid-client resources).") from exc
-        return [PlaceResource(rname, cls, dict(e.args), bool(e.avail))
-                for (rname, cls), e in sorted(entries.items())]
+            raise FarmError(
+                f"Place {name}: {exc}",
+                "Check that its exporter is running (labgrid-client resources).",
+            ) from exc
+        return [
+            PlaceResource(rname, cls, dict(e.args), bool(e.avail))
+            for (rname, cls), e in sorted(entries.items())
+        ]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -277,8 +312,13 @@ def _grpc() -> Any:
 
 
 @contextlib.contextmanager
-def held_place(session: FarmSession, query: PlaceQuery, *, timeout_s: float = 300.0,
-               progress: Progress = _quiet) -> Iterator[PlaceInfo]:
+def held_place(
+    session: FarmSession,
+    query: PlaceQuery,
+    *,
+    timeout_s: float = 300.0,
+    progress: Progress = _quiet,
+) -> Iterator[PlaceInfo]:
     """Hold a place for the body of the `with`: released when it ends, however it ends (an
     error, Ctrl-C). Only a killed process (SIGKILL) leaves it held, as with labgrid-client."""
     place = session.acquire(query, timeout_s=timeout_s, progress=progress)

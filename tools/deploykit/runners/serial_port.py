@@ -252,6 +252,24 @@ class PicoRunner(Runner):
     )
 
     @classmethod
+    def check_options(cls, board_name: str, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Also: a farm's place excludes a local port or probe (checked before the build)."""
+        opts = super().check_options(board_name, given)
+        if opts.get("place") and (opts.get("port") or opts.get("probe")):
+            raise ConfigError("--place chooses the board on a labgrid farm; --port and --probe "
+                              "choose one on this machine.", "Give one or the other.")
+        for option in ("coordinator", "place_timeout"):
+            if opts.get(option) is not None and not opts.get("place"):
+                flag = "--" + option.replace("_", "-")
+                raise ConfigError(f"{flag} is for --place.", "Add --place NAME|TAG=VALUE.")
+        try:
+            float(opts.get("place_timeout", 0.0))
+        except ValueError:
+            raise ConfigError(f"--place-timeout {opts['place_timeout']!r} is not a number of "
+                              "seconds.", "E.g. --place-timeout 600.") from None
+        return opts
+
+    @classmethod
     def from_board(cls, board: Any, *, progress: Any = None, workspace: Path | None = None,
                    **kwargs: Any) -> PicoRunner:
         """The whole board (usb, serial, flashers sections), and the workspace to build
@@ -276,16 +294,10 @@ class PicoRunner(Runner):
                               f"Allowed keys: {sorted(CONFIG_KEYS)}.")
         if board is None:
             raise ConfigError("the pico runner needs the board (usb, serial, flashers)")
-        if place and (port or probe):
-            raise ConfigError("--place chooses the board on a labgrid farm; --port and --probe "
-                              "choose one on this machine.", "Give one or the other.")
-        if coordinator and not place:
-            raise ConfigError("--coordinator is for --place.", "Add --place NAME|TAG=VALUE.")
-        try:
-            self.place_timeout = float(place_timeout) if place_timeout is not None else 300.0
-        except ValueError:
-            raise ConfigError(f"--place-timeout {place_timeout!r} is not a number of seconds.",
-                              "E.g. --place-timeout 600.") from None
+        self.check_options(getattr(board, "name", "the board"),
+                           {"port": port, "probe": probe, "place": place,
+                            "coordinator": coordinator, "place_timeout": place_timeout})
+        self.place_timeout = float(place_timeout) if place_timeout is not None else 300.0
         self.place = place
         self.coordinator = coordinator
         self.board = board
@@ -330,24 +342,28 @@ class PicoRunner(Runner):
     def run(self, elf: Path, out_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
             check: bool = True) -> RunResult:
         elf = Path(elf)
-        if self.place:
-            from deploykit.farm.run import run_on_place
-
-            return run_on_place(self.board, elf, out_dir, place=self.place,
-                                coordinator=self.coordinator,
-                                place_timeout_s=self.place_timeout, timeout_s=timeout_s,
-                                check=check, progress=self.progress)
         env = self.env or HostEnv()
         run_dir = Path(out_dir) / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
         notes: list[str] = []
         serial_number = None
-        if self.do_flash:
-            uf2 = elf.with_suffix(".uf2")
-            if not uf2.exists():
-                from deploykit.uf2 import write_uf2
+        uf2 = elf.with_suffix(".uf2")
+        if self.do_flash and not uf2.exists():
+            from deploykit.uf2 import write_uf2
 
-                write_uf2(elf, uf2, family=family_of(self.board).uf2_family(self.board))
+            write_uf2(elf, uf2, family=family_of(self.board).uf2_family(self.board))
+        if self.place:  # a board on a labgrid farm (docs/farm.md)
+            from deploykit.farm.run import on_place
+
+            with on_place(self.board, FlashImage(elf, uf2), place=self.place,
+                          coordinator=self.coordinator, place_timeout_s=self.place_timeout,
+                          progress=self.progress) as placed:
+                result = read_board(self.board, run_dir, timeout_s=timeout_s,
+                                    port=placed.serial_url, check=False, notes=placed.notes,
+                                    progress=self.progress)
+                placed.outcome = result.outcome().exit_code.name.lower()
+            return result.check() if check else result
+        if self.do_flash:
             result = flash(self.board, FlashImage(elf, uf2), port=self.port, probe=self.probe,
                            env=env, progress=self.progress, workspace=self.workspace)
             notes.append(result.summary())
