@@ -10,12 +10,13 @@ What stands in for the absent hardware (a `StandInBoard` per place):
   side as a serial port, so ser2net serves it as a real NetworkSerialPort;
 - the BOOTSEL drive is a temporary directory with the boot ROM's INFO_UF2.TXT, exported as
   the place's NetworkUSBMassStorage with that directory as its path;
-- the boot ROM is a thread: when a complete UF2 lands on the drive, it checks the UF2 magic,
+- the boot ROM is a thread: when a complete UF2 lands on the drive, it checks the UF2 framing,
   takes the drive away (as the RP2350 does when it reboots into the new image) and starts the
   stand-in firmware on the pty, which sends the result protocol with the outputs it is given
-  (`values`) and serves the link until the host acknowledges. When it ends, the drive comes
-  back (on a real bench the next run's 1200-baud touch does that). The stand-in does not run
-  the flashed image: it cannot execute Cortex-M33 code.
+  (`values`) and serves the link until the host acknowledges. The board then runs on, without
+  a drive, until its port's line rate is set to 1200 baud (the pico-sdk's reset request, here
+  carried by RFC 2217 and ser2net to the pty): then it is back in BOOTSEL mode, drive and all.
+  The stand-in does not run the flashed image: it cannot execute Cortex-M33 code.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import socket
 import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 import tty
@@ -194,7 +196,7 @@ class StandInBoard:
         self.values_file = self.root / f"{self.place.replace('/', '_')}-values.bin"
         self.flashes: list[Flash] = []
         self.running = threading.Event()  # the stand-in firmware runs (the board is busy)
-        self.overlaps = 0  # a UF2 arrived while the firmware of the last one still ran
+        self.touches = 0  # reboots into BOOTSEL by a 1200-baud touch
         self._stop = threading.Event()
         self.bootsel()
         self._thread = threading.Thread(target=self._boot_rom, daemon=True)
@@ -203,15 +205,43 @@ class StandInBoard:
     def bootsel(self) -> None:
         (self.drive / "INFO_UF2.TXT").write_text(INFO_UF2)
 
+    def _touched(self) -> bool:
+        """The pico-sdk's reset request: the CDC port's line rate set to 1200 baud (here by
+        ser2net, on an RFC 2217 client's request). The pty's two sides share one termios."""
+        return termios.tcgetattr(self.master)[5] == termios.B1200
+
+    def _reset_line_rate(self) -> None:
+        fd = os.open(self.tty, os.O_RDWR | os.O_NOCTTY)
+        try:
+            attrs = termios.tcgetattr(fd)
+            attrs[4] = attrs[5] = termios.B115200
+            termios.tcsetattr(fd, termios.TCSANOW, attrs)
+        finally:
+            os.close(fd)
+
     def _boot_rom(self) -> None:
+        proc: subprocess.Popen | None = None
+        flash: Flash | None = None
         while not self._stop.is_set():
+            time.sleep(0.05)
+            if self.running.is_set():  # the firmware runs (or has finished and idles)
+                if proc is not None and proc.poll() is not None and flash is not None:
+                    flash.standin_exit = proc.wait()
+                    proc = None
+                if self._touched():  # reboot into BOOTSEL
+                    if proc is not None:
+                        proc.kill()
+                        flash.standin_exit = proc.wait()
+                        proc = None
+                    self._reset_line_rate()
+                    self.touches += 1
+                    self.running.clear()
+                    self.bootsel()
+                continue
             uf2s = sorted(self.drive.glob("*.uf2"))
             data = complete_uf2(uf2s[0]) if uf2s else None
             if data is None:
-                time.sleep(0.05)
                 continue
-            if self.running.is_set():
-                self.overlaps += 1
             flash = Flash(self.place, uf2s[0].name, hashlib.sha256(data).hexdigest(), len(data))
             self.flashes.append(flash)
             for p in self.drive.iterdir():  # the drive goes away: the board reboots
@@ -224,13 +254,9 @@ class StandInBoard:
                 pass_fds=(self.master,),
                 stdout=subprocess.DEVNULL,
             )
-            while proc.poll() is None and not self._stop.is_set():
-                time.sleep(0.05)
-            if proc.poll() is None:
-                proc.kill()
-            flash.standin_exit = proc.wait()
-            self.running.clear()
-            self.bootsel()
+        if proc is not None:
+            proc.kill()
+            proc.wait()
 
     def close(self) -> None:
         self._stop.set()

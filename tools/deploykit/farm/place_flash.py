@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from deploykit.farm.session import PlaceResource
+from deploykit.farm.session import FarmError, PlaceResource
 from deploykit.flashers import FLASHERS, FlashError, FlashImage, flasher_configs
 from deploykit.flashers.uf2_drive import INFO_FILE
+from deploykit.transport import reboot_to_bootsel
 
 Progress = Callable[[str], None]
 
@@ -40,6 +41,7 @@ PLACE_RESOURCES = {
     "uf2-drive": "NetworkUSBMassStorage",
     "openocd": "NetworkUSBDebugger",
 }
+SERIAL_CLASS = "NetworkSerialPort"
 REMOTE_DIR = "/tmp/deploykit-farm"  # where images are copied to on a remote exporter
 
 
@@ -167,16 +169,120 @@ class ExporterHost:
         return True
 
 
+def serial_url(resource: PlaceResource) -> str:
+    """pyserial's URL for a NetworkSerialPort (ser2net speaks RFC 2217 unless told raw).
+
+    ser2net does not answer RFC 2217's SET_CONTROL (flow control), on which pyserial's client
+    waits and times out; labgrid's pyserial fork (pyserial-labgrid, installed with labgrid)
+    adds `ign_set_control` to skip the wait, and labgrid's own serial driver uses it too."""
+    host, port = resource.params.get("host"), resource.params.get("port")
+    if resource.params.get("protocol") == "raw":
+        return f"socket://{host}:{port}"
+    return f"rfc2217://{host}:{port}?ign_set_control"
+
+
+def network_serial_port(
+    resources: Callable[[], Sequence[PlaceResource]], place: str, wait_s: float = 10.0
+) -> PlaceResource:
+    """The place's serial port, once its exporter serves it (the exporter starts ser2net when
+    the place is acquired, and then publishes the TCP port)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        ports = [r for r in resources() if r.cls == SERIAL_CLASS]
+        if len(ports) > 1:
+            raise FarmError(
+                f"Place {place} has {len(ports)} serial ports "
+                f"({', '.join(r.name for r in ports)}); deploykit reads one.",
+                "Give the place only the board's console port.",
+            )
+        if not ports:
+            raise FarmError(
+                f"Place {place} has no serial port ({SERIAL_CLASS}).",
+                "Add the board's USB serial port to the exporter and the place "
+                "(deploykit farm exporter-config writes it).",
+            )
+        if ports[0].avail and ports[0].params.get("port"):
+            return ports[0]
+        if time.monotonic() >= deadline:
+            raise FarmError(
+                f"The serial port of place {place} is not available on its exporter "
+                f"({ports[0].params.get('host')}).",
+                "Check that the board is plugged in there and that ser2net is installed "
+                "on the exporter.",
+            )
+        time.sleep(0.2)
+
+
+def _seen_now(resources: Sequence[PlaceResource]) -> list[PlaceResource]:
+    """The resources, with a drive published as a mounted directory counted as present only
+    while it holds the boot ROM's INFO_UF2.TXT (udev makes a block device's resource
+    unavailable by itself when the board leaves BOOTSEL mode)."""
+    out = []
+    for r in resources:
+        if r.cls == PLACE_RESOURCES["uf2-drive"] and r.avail:
+            host = ExporterHost(str(r.params.get("host", "localhost")))
+            drive = str(r.params.get("path", ""))
+            if drive and host.is_dir(drive) and not host.exists(f"{drive}/{INFO_FILE}"):
+                r = PlaceResource(r.name, r.cls, r.params, False)
+        out.append(r)
+    return out
+
+
+def _reboot_into_bootsel(
+    board: Any,
+    place: str,
+    resources: Callable[[], Sequence[PlaceResource]],
+    why: FlashError,
+    progress: Progress,
+    timeout_s: float,
+) -> tuple[dict[str, Any], PlaceResource]:
+    """A board that runs (rather than waits in BOOTSEL mode) has no boot device: reboot it
+    into BOOTSEL through the place's serial port, as a local flash does through the CDC
+    port (the pico-sdk's 1200-baud touch, which RFC 2217 carries to the exporter's port)."""
+    reset_baud = ((getattr(board, "raw", None) or {}).get("serial") or {}).get("reset_baud")
+    if reset_baud is None:
+        raise why
+    try:
+        url = serial_url(network_serial_port(resources, place))
+    except FarmError:
+        raise why from None
+    progress(
+        f"{place}: the board is not in BOOTSEL mode; rebooting it ({reset_baud}-baud touch "
+        f"on {url})"
+    )
+    reboot_to_bootsel(url, int(reset_baud))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        time.sleep(0.25)
+        try:
+            return choose(board, _seen_now(resources()), place)
+        except FlashError as again:
+            if time.monotonic() >= deadline:
+                raise FlashError(
+                    f"{again.cause} (still so {timeout_s:g} s after a {reset_baud}-baud touch "
+                    f"on {url})",
+                    again.hint,
+                ) from why
+
+
 def flash_place(
     board: Any,
     image: FlashImage,
-    resources: Sequence[PlaceResource],
     place: str,
+    resources: Callable[[], Sequence[PlaceResource]],
     *,
     progress: Progress = _quiet,
+    bootsel_timeout_s: float = 10.0,
     eject_timeout_s: float = 10.0,
 ) -> PlaceFlash:
-    config, resource = choose(board, resources, place)
+    """Flash `image` through the resources of the held `place` (`resources` asks the
+    coordinator for them, again while a rebooted board comes back in BOOTSEL mode)."""
+    try:
+        config, resource = choose(board, _seen_now(resources()), place)
+    except FlashError as exc:
+        config, resource = _reboot_into_bootsel(
+            board, place, resources, exc, progress, bootsel_timeout_s
+        )
     kind = config["kind"]
     path = Path(image.for_kind(FLASHERS[kind].capabilities.image))
     if not path.is_file():
