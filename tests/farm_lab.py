@@ -198,6 +198,7 @@ class StandInBoard:
         self.running = threading.Event()  # the stand-in firmware runs (the board is busy)
         self.touches = 0  # reboots into BOOTSEL by a 1200-baud touch
         self._stop = threading.Event()
+        self._reset = threading.Event()
         self.bootsel()
         self._thread = threading.Thread(target=self._boot_rom, daemon=True)
         self._thread.start()
@@ -224,6 +225,20 @@ class StandInBoard:
         flash: Flash | None = None
         while not self._stop.is_set():
             time.sleep(0.05)
+            if self._reset.is_set():  # power-cycled into BOOTSEL mode, between tests
+                if proc is not None:
+                    proc.kill()
+                    proc.wait()
+                    proc = None
+                for p in self.drive.iterdir():
+                    p.unlink()
+                self._reset_line_rate()
+                self.running.clear()
+                self.flashes, self.touches = [], 0
+                self.values = np.arange(10, dtype=np.float32)
+                self.bootsel()
+                self._reset.clear()
+                continue
             if self.running.is_set():  # the firmware runs (or has finished and idles)
                 if proc is not None and proc.poll() is not None and flash is not None:
                     flash.standin_exit = proc.wait()
@@ -257,6 +272,14 @@ class StandInBoard:
         if proc is not None:
             proc.kill()
             proc.wait()
+
+    def reset(self) -> None:
+        """Back to a fresh board in BOOTSEL mode with nothing recorded (between tests)."""
+        self._reset.set()
+        deadline = time.monotonic() + 10
+        while self._reset.is_set():
+            assert time.monotonic() < deadline, "the stand-in board did not reset"
+            time.sleep(0.02)
 
     def close(self) -> None:
         self._stop.set()
@@ -370,13 +393,24 @@ class LocalFarm:
 
     def holders(self) -> dict[str, str | None]:
         """Each place and who holds it, as labgrid-client reports it."""
-        out = {}
-        for name in self.boards:
-            text = self.lg("-p", name, "show")
-            line = next((ln for ln in text.splitlines() if "acquired:" in ln), "")
-            value = line.split("acquired:", 1)[1].strip() if line else ""
-            out[name] = None if value in ("", "None") else value
+        out: dict[str, str | None] = {}
+        place = None
+        for line in self.lg("-v", "places").splitlines():
+            if line.startswith("Place '"):
+                place = line[len("Place '") : line.rindex("'")]
+            elif place is not None and line.strip().startswith("acquired:"):
+                value = line.split("acquired:", 1)[1].strip()
+                out[place] = None if value in ("", "None") else value
+        assert set(out) == set(self.boards), out
         return out
+
+    def reset(self) -> None:
+        """Every place free and every board fresh, for the next test on the same farm."""
+        for name, holder in self.holders().items():
+            if holder is not None:
+                self.lg("-p", name, "release", "--kick")
+        for board in self.boards.values():
+            board.reset()
 
     def close(self) -> None:
         for proc in reversed(self._procs):

@@ -71,14 +71,21 @@ def standin_exe(tmp_path_factory) -> Path:
     return build_standin(tmp_path_factory.mktemp("farm-standin"))
 
 
-@pytest.fixture
-def farm(tmp_path, standin_exe):
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, standin_exe):
     from tests.farm_lab import LocalFarm
 
-    (tmp_path / "lab").mkdir()
-    lab = LocalFarm(tmp_path / "lab", PLACES, standin_exe)
-    yield lab
-    lab.close()
+    farm = LocalFarm(tmp_path_factory.mktemp("lab"), PLACES, standin_exe)
+    yield farm
+    farm.close()
+
+
+@pytest.fixture
+def farm(lab):
+    """The module's farm (started once: about 8 s), with every place free and every board
+    fresh in BOOTSEL mode."""
+    lab.reset()
+    return lab
 
 
 @pytest.fixture
@@ -179,6 +186,39 @@ def test_unknown_place_and_no_coordinator_are_clear_errors(farm, image, tmp_path
         PicoRunner({"kind": "pico"}, board=load_board("pico2"), place="lab/pico2-3").run(
             image, tmp_path / "out"
         )
+
+
+def test_the_pytest_plugin_takes_its_board_from_a_place(farm, tmp_path):
+    """`pytest --board pico2 --lg-place ...`: the board fixture is usable because the farm has
+    such a place (labgrid's own plugin gives --lg-coordinator); a place it lacks skips with
+    the reason."""
+    test = tmp_path / "test_target.py"
+    test.write_text("def test_target(board):\n    assert board.name == 'pico2'\n")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(tmp_path),
+        str(test),
+        "--board",
+        "pico2",
+        "--lg-coordinator",
+        farm.address,
+    ]
+    env = {**os.environ, "PYTHONPATH": str(repo_root() / "tools")}
+    found = subprocess.run(
+        [*cmd, "--lg-place", "board=pico2"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert "1 passed" in found.stdout, found.stdout + found.stderr
+    missing = subprocess.run(
+        [*cmd, "--lg-place", "lab/pico2-9"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert "1 skipped" in missing.stdout and "has no place lab/pico2-9" in missing.stdout
 
 
 def _hold_intervals(logs: list[Path]) -> dict[str, list[tuple[float, float, str]]]:

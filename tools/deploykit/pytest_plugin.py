@@ -126,9 +126,12 @@ def deployed(board: Board, request: pytest.FixtureRequest,
         out = tmp_path_factory.mktemp(f"{board.name}-{model or firmware}-{variant}")
         try:
             if firmware == "selftest":
+                from .pipeline import resolve_runner_options
                 from .selftest import run_selftest
 
-                report = run_selftest(board, out, timeout, lambda _m: None, variant)
+                options = resolve_runner_options(board, _runner_options(request.config), None,
+                                                 lambda _m: None)
+                report = run_selftest(board, out, timeout, lambda _m: None, variant, options)
                 records = report.records
             else:
                 if model is None:
