@@ -303,10 +303,18 @@ class LocalFarm:
     """A coordinator and an exporter on 127.0.0.1 with one place per stand-in board, each
     tagged board=pico2."""
 
-    def __init__(self, root: Path, places: list[str], exe: Path) -> None:
+    def __init__(
+        self, root: Path, places: list[str], exe: Path, picotool_place: str | None = None
+    ) -> None:
         self.root = root
         self.address = f"127.0.0.1:{free_port()}"
         self.boards = {name: StandInBoard(name, exe, root) for name in places}
+        # A place flashed with picotool (its boot device exported as a USBFlashableDevice;
+        # `bin/picotool` stands in for the tool), untagged so that tag queries pass it over.
+        self.picotool_place = picotool_place
+        if picotool_place is not None:
+            self.boards[picotool_place] = StandInBoard(picotool_place, exe, root)
+            self._write_picotool(self.boards[picotool_place])
         self._procs: list[subprocess.Popen] = []
         self.client = _labgrid_tool("labgrid-client")
         try:
@@ -314,6 +322,35 @@ class LocalFarm:
         except BaseException:
             self.close()
             raise
+
+    def _write_picotool(self, board: StandInBoard) -> None:
+        """bin/picotool: `picotool load -v -x FILE -t uf2 --bus 3 --address 9` delivers the UF2
+        to the boot ROM of the board at that USB address (here: onto its drive directory, which
+        the stand-in's boot ROM watches), as picotool does over PICOBOOT; it refuses, as
+        picotool does, when that board is not in BOOTSEL mode. Each call is logged."""
+        bin_dir = self.root / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        self.picotool_log = bin_dir / "picotool.log"
+        script = bin_dir / "picotool"
+        script.write_text(
+            f"""#!{sys.executable}
+import shutil, sys
+from pathlib import Path
+args = sys.argv[1:]
+with open({str(self.picotool_log)!r}, "a") as log:
+    log.write(" ".join(args) + "\\n")
+drive = Path({str(board.drive)!r})
+ok = args[:4] == ["load", "-v", "-x", args[3]] and args[4:6] == ["-t", "uf2"]
+if not ok or args[6:] != ["--bus", "3", "--address", "9"]:
+    sys.exit("picotool stand-in: unexpected arguments " + " ".join(args))
+if not (drive / "INFO_UF2.TXT").exists():
+    sys.exit("No accessible RP-series devices in BOOTSEL mode were found.")
+shutil.copy(args[3], drive / "picotool-load.uf2")
+print("Loading into Flash: [==============================]  100%")
+"""
+        )
+        script.chmod(0o755)
+        self.bin_dir = bin_dir
 
     def _spawn(self, argv: list[str], log: str) -> subprocess.Popen:
         out = open(self.root / log, "wb")  # noqa: SIM115 (closed with the process)
@@ -348,6 +385,17 @@ class LocalFarm:
                     "model_id": 0x000F,
                 },
             }
+        if self.picotool_place is not None:
+            group = config[self.group(self.picotool_place)]
+            del group["NetworkUSBMassStorage"]  # a boot device only: picotool must be chosen
+            group["NetworkUSBFlashableDevice"] = {
+                "host": "127.0.0.1",
+                "busnum": 3,
+                "devnum": 9,
+                "path": "3-2",
+                "vendor_id": 0x2E8A,
+                "model_id": 0x000F,
+            }
         (self.root / "exporter.yaml").write_text(yaml.safe_dump(config))
         self._spawn(
             [
@@ -365,7 +413,8 @@ class LocalFarm:
         for name in self.boards:
             self.lg("-p", name, "create")
             self.lg("-p", name, "add-match", f"lab/{self.group(name)}/*")
-            self.lg("-p", name, "set-tags", "board=pico2")
+            if name != self.picotool_place:
+                self.lg("-p", name, "set-tags", "board=pico2")
         deadline = time.monotonic() + 30
         while self.lg("resources").count("NetworkSerialPort") < len(self.boards):
             if time.monotonic() > deadline:

@@ -43,7 +43,8 @@ pytestmark = [
     ),
 ]
 
-PLACES = ["lab/pico2-3", "lab/pico2-4"]
+PLACES = ["lab/pico2-3", "lab/pico2-4"]  # tagged board=pico2, flashed through their drive
+PICOTOOL_PLACE = "lab/pico2-p"  # untagged, flashed with picotool
 
 # One job of the contention test: a run through the farm in its own process, every progress
 # line timestamped (wall clock, comparable across processes) into its log file.
@@ -75,7 +76,9 @@ def standin_exe(tmp_path_factory) -> Path:
 def lab(tmp_path_factory, standin_exe):
     from tests.farm_lab import LocalFarm
 
-    farm = LocalFarm(tmp_path_factory.mktemp("lab"), PLACES, standin_exe)
+    farm = LocalFarm(
+        tmp_path_factory.mktemp("lab"), PLACES, standin_exe, picotool_place=PICOTOOL_PLACE
+    )
     yield farm
     farm.close()
 
@@ -128,7 +131,7 @@ def test_a_run_goes_through_a_place(farm, image, tmp_path):
     assert flashes[0].standin_exit == 0  # the stand-in got the host's ACK
     assert farm.boards["lab/pico2-4"].flashes == []
     assert any(line.startswith("acquired lab/pico2-3") for line in lines)
-    assert farm.holders() == {p: None for p in PLACES}
+    assert farm.holders() == {p: None for p in farm.boards}
     assert "dk_result=ok" in farm.lg("-p", "lab/pico2-3", "show")
 
 
@@ -147,7 +150,29 @@ def test_a_running_board_is_rebooted_into_bootsel_through_the_place(farm, image,
     assert second.outcome().exit_code == ExitCode.OK
     assert board.touches == 1 and len(board.flashes) == 2
     assert any("1200-baud touch on rfc2217://127.0.0.1:" in line for line in lines)
-    assert farm.holders() == {p: None for p in PLACES}
+    assert farm.holders() == {p: None for p in farm.boards}
+
+
+def test_a_place_with_a_boot_device_is_flashed_with_picotool(farm, image, tmp_path, monkeypatch):
+    """picotool comes first in the board file's flashers: a place that exports the board's
+    boot device (USBFlashableDevice) is flashed with `picotool load` at that device's USB bus
+    and address, run on the exporter's host (here this one; bin/picotool stands in)."""
+    monkeypatch.setenv("PATH", f"{farm.bin_dir}{os.pathsep}{os.environ['PATH']}")
+    lines: list[str] = []
+    res = runner(farm, PICOTOOL_PLACE, progress=lines.append).run(
+        image, tmp_path / "out", timeout_s=30, check=False
+    )
+    assert res.outcome().exit_code == ExitCode.OK, res.outcome()
+    uf2 = image.with_suffix(".uf2")
+    call = farm.picotool_log.read_text().splitlines()[-1]
+    assert call == f"load -v -x {uf2} -t uf2 --bus 3 --address 9"
+    flashes = farm.boards[PICOTOOL_PLACE].flashes
+    assert [f.sha256 for f in flashes] == [hashlib.sha256(uf2.read_bytes()).hexdigest()]
+    assert any(
+        f"with picotool through {PICOTOOL_PLACE}'s NetworkUSBFlashableDevice" in line
+        for line in lines
+    )
+    assert farm.holders() == {p: None for p in farm.boards}
 
 
 def test_a_tag_query_takes_a_free_place(farm, image, tmp_path):
@@ -292,7 +317,7 @@ def test_contention_two_places_four_runs_and_a_ctrl_c(farm, image, tmp_path):
     assert sum(len(b.flashes) for b in farm.boards.values()) >= 3
     # Each run after a place's first found its board running and rebooted it into BOOTSEL.
     assert sum(b.touches for b in farm.boards.values()) >= 1
-    assert farm.holders() == {p: None for p in PLACES}
+    assert farm.holders() == {p: None for p in farm.boards}
 
 
 @pytest.mark.sources
@@ -348,4 +373,4 @@ def test_deploykit_run_place_builds_flashes_reads_and_compares(farm, tmp_path):
     board.values = lambda: reference() + 0.5
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == ExitCode.MISMATCH, res.stderr[-3000:]
-    assert farm.holders() == {p: None for p in PLACES}
+    assert farm.holders() == {p: None for p in farm.boards}
