@@ -175,6 +175,24 @@ def test_a_place_with_a_boot_device_is_flashed_with_picotool(farm, image, tmp_pa
     assert farm.holders() == {p: None for p in farm.boards}
 
 
+def test_farm_status_lists_places_boards_holders_and_last_results(farm, image, tmp_path, capsys):
+    from deploykit.cli import main
+
+    runner(farm, "lab/pico2-4").run(image, tmp_path / "out", timeout_s=30, check=False)
+    farm.lg("-p", "lab/pico2-3", "acquire")
+    holder = farm.holders()["lab/pico2-3"]
+    assert main(["farm", "status", "--coordinator", farm.address, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    places = {p["name"]: p for p in status["places"]}
+    assert places["lab/pico2-3"]["holder"] == holder
+    assert places["lab/pico2-4"]["holder"] is None
+    assert places["lab/pico2-4"]["tags"] == {"board": "pico2", "dk_result": "ok"}
+    assert main(["farm", "status", "--coordinator", farm.address]) == 0
+    text = capsys.readouterr().out
+    assert f"lab/pico2-3              pico2        {holder}" in text
+    assert "lab/pico2-4              pico2        free" in text
+
+
 def test_a_tag_query_takes_a_free_place(farm, image, tmp_path):
     farm.lg("-p", "lab/pico2-3", "acquire")  # someone else's job holds the first place
     res = runner(farm, "board=pico2").run(image, tmp_path / "out", timeout_s=30, check=False)

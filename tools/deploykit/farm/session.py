@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -312,6 +313,20 @@ def _grpc() -> Any:
 
 
 @contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the body is done (main thread only; elsewhere as is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
 def held_place(
     session: FarmSession,
     query: PlaceQuery,
@@ -327,5 +342,6 @@ def held_place(
         yield place
     finally:
         progress(f"releasing {place.name}")
-        session.release(place.name)
+        with _interrupts_deferred():  # a second Ctrl-C must not leave the place held
+            session.release(place.name)
         progress(f"released {place.name}")
