@@ -161,3 +161,14 @@ def test_pytest_options_do_not_clash_with_labgrid_or_pytest_embedded():
         "--target",
     } <= options
     parser.parse(["--board", "pico2", "--lg-place", "board=pico2", "--port", "/dev/x"])
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("labgrid") is not None,
+    reason="labgrid is installed: this checks the message when it is not",
+)
+def test_without_labgrid_place_names_the_extra_before_the_build(capsys):
+    code = main(["run", "--board", "pico2", "--model", "mlp_mnist", "--place", "board=pico2"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.ENVIRONMENT
+    assert "deploykit[farm]" in err and "exporting" not in err

@@ -121,7 +121,8 @@ def coordinator_address(given: str | None) -> str:
     return address if ":" in address.rsplit("]", 1)[-1] else f"{address}:{DEFAULT_PORT}"
 
 
-def _labgrid() -> Any:
+def require_labgrid() -> Any:
+    """labgrid's client module; EnvironmentProblem naming the extra when it is missing."""
     try:
         from labgrid.remote import client
     except ImportError as exc:
@@ -136,7 +137,7 @@ class FarmSession:
     """A session with the coordinator at `address` (see the module docstring)."""
 
     def __init__(self, address: str, *, connect_timeout_s: float = 10.0) -> None:
-        client = _labgrid()
+        client = require_labgrid()
         self.address = coordinator_address(address)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(

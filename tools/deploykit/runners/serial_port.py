@@ -258,6 +258,10 @@ class PicoRunner(Runner):
         if opts.get("place") and (opts.get("port") or opts.get("probe")):
             raise ConfigError("--place chooses the board on a labgrid farm; --port and --probe "
                               "choose one on this machine.", "Give one or the other.")
+        if opts.get("place"):  # before the build: a farm run needs labgrid
+            from deploykit.farm.session import require_labgrid
+
+            require_labgrid()
         for option in ("coordinator", "place_timeout"):
             if opts.get(option) is not None and not opts.get("place"):
                 flag = "--" + option.replace("_", "-")
