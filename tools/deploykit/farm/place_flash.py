@@ -173,8 +173,9 @@ def serial_url(resource: PlaceResource) -> str:
     """pyserial's URL for a NetworkSerialPort (ser2net speaks RFC 2217 unless told raw).
 
     ser2net does not answer RFC 2217's SET_CONTROL (flow control), on which pyserial's client
-    waits and times out; labgrid's pyserial fork (pyserial-labgrid, installed with labgrid)
-    adds `ign_set_control` to skip the wait, and labgrid's own serial driver uses it too."""
+    waits and times out ("timeout while waiting for option 'control'"); the URL option
+    `ign_set_control` (pyserial 3.5, and labgrid's fork of it) skips the wait, as labgrid's
+    own serial driver does."""
     host, port = resource.params.get("host"), resource.params.get("port")
     if resource.params.get("protocol") == "raw":
         return f"socket://{host}:{port}"

@@ -128,7 +128,7 @@ def require_labgrid() -> Any:
     except ImportError as exc:
         raise EnvironmentProblem(
             f"Running on a labgrid board farm needs labgrid, which is not installed ({exc}).",
-            "pip install 'deploykit[farm]' (labgrid 26 with its pyserial fork).",
+            "pip install 'deploykit[farm]' (labgrid 26), or scripts/install --farm.",
         ) from exc
     return client
 
