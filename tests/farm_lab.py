@@ -304,7 +304,12 @@ class LocalFarm:
     tagged board=pico2."""
 
     def __init__(
-        self, root: Path, places: list[str], exe: Path, picotool_place: str | None = None
+        self,
+        root: Path,
+        places: list[str],
+        exe: Path,
+        picotool_place: str | None = None,
+        block_drive_place: str | None = None,
     ) -> None:
         self.root = root
         self.address = f"127.0.0.1:{free_port()}"
@@ -315,6 +320,11 @@ class LocalFarm:
         if picotool_place is not None:
             self.boards[picotool_place] = StandInBoard(picotool_place, exe, root)
             self._write_picotool(self.boards[picotool_place])
+        # A place whose drive is a block device (as udev exports a real one): labgrid's own
+        # USBStorageDriver writes to it, over SSH to the exporter; untagged as well.
+        self.block_drive_place = block_drive_place
+        if block_drive_place is not None:
+            self.boards[block_drive_place] = StandInBoard(block_drive_place, exe, root)
         self._procs: list[subprocess.Popen] = []
         self.client = _labgrid_tool("labgrid-client")
         try:
@@ -396,6 +406,9 @@ print("Loading into Flash: [==============================]  100%")
                 "vendor_id": 0x2E8A,
                 "model_id": 0x000F,
             }
+        if self.block_drive_place is not None:
+            drive = config[self.group(self.block_drive_place)]["NetworkUSBMassStorage"]
+            drive["path"] = "/dev/disk/by-id/usb-RPI_RP2350-deploykit-test"
         (self.root / "exporter.yaml").write_text(yaml.safe_dump(config))
         self._spawn(
             [
@@ -413,7 +426,7 @@ print("Loading into Flash: [==============================]  100%")
         for name in self.boards:
             self.lg("-p", name, "create")
             self.lg("-p", name, "add-match", f"lab/{self.group(name)}/*")
-            if name != self.picotool_place:
+            if name not in (self.picotool_place, self.block_drive_place):
                 self.lg("-p", name, "set-tags", "board=pico2")
         deadline = time.monotonic() + 30
         while self.lg("resources").count("NetworkSerialPort") < len(self.boards):

@@ -45,6 +45,7 @@ pytestmark = [
 
 PLACES = ["lab/pico2-3", "lab/pico2-4"]  # tagged board=pico2, flashed through their drive
 PICOTOOL_PLACE = "lab/pico2-p"  # untagged, flashed with picotool
+BLOCK_PLACE = "lab/pico2-b"  # untagged, its drive a block device (labgrid's own driver)
 
 # One job of the contention test: a run through the farm in its own process, every progress
 # line timestamped (wall clock, comparable across processes) into its log file.
@@ -77,7 +78,11 @@ def lab(tmp_path_factory, standin_exe):
     from tests.farm_lab import LocalFarm
 
     farm = LocalFarm(
-        tmp_path_factory.mktemp("lab"), PLACES, standin_exe, picotool_place=PICOTOOL_PLACE
+        tmp_path_factory.mktemp("lab"),
+        PLACES,
+        standin_exe,
+        picotool_place=PICOTOOL_PLACE,
+        block_drive_place=BLOCK_PLACE,
     )
     yield farm
     farm.close()
@@ -191,6 +196,23 @@ def test_farm_status_lists_places_boards_holders_and_last_results(farm, image, t
     text = capsys.readouterr().out
     assert f"lab/pico2-3              pico2        {holder}" in text
     assert "lab/pico2-4              pico2        free" in text
+
+
+def test_a_block_device_drive_goes_to_labgrids_storage_driver(farm, image, tmp_path):
+    """A drive exported as a block device (what udev gives a real BOOTSEL drive) is written by
+    labgrid's USBStorageDriver, built from the held place as labgrid-client builds it. It
+    reaches the exporter over SSH, which this machine does not serve: the run fails there,
+    naming the drive, and the place is released."""
+    from deploykit.flashers import FlashError
+
+    with pytest.raises(FlashError) as err:
+        runner(farm, BLOCK_PLACE).run(image, tmp_path / "out", timeout_s=30)
+    assert "to the drive /dev/disk/by-id/usb-RPI_RP2350-deploykit-test on 127.0.0.1" in (
+        err.value.cause
+    )
+    assert type(err.value.__cause__).__module__.startswith("labgrid")
+    assert farm.holders() == {p: None for p in farm.boards}
+    assert "dk_result=flash" in farm.lg("-p", BLOCK_PLACE, "show")
 
 
 def test_a_tag_query_takes_a_free_place(farm, image, tmp_path):

@@ -20,6 +20,7 @@ labgrid's USBStorageDriver (udisks2 on the exporter) first.
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import socket
 import subprocess
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from deploykit.farm.session import FarmError, PlaceResource
+from deploykit.farm.session import FarmError, FarmSession, PlaceResource
 from deploykit.flashers import FLASHERS, FlashError, FlashImage, flasher_configs
 from deploykit.flashers.uf2_drive import INFO_FILE
 from deploykit.transport import reboot_to_bootsel
@@ -145,7 +146,10 @@ class ExporterHost:
             return str(local)
         from labgrid.util.ssh import sshmanager
 
-        remote = f"{REMOTE_DIR}/{local.name}"
+        # Named by content: jobs flashing other images through this exporter at the same time
+        # do not overwrite each other's file.
+        digest = hashlib.sha256(local.read_bytes()).hexdigest()[:16]
+        remote = f"{REMOTE_DIR}/{digest}-{local.name}"
         self.run(["mkdir", "-p", REMOTE_DIR])
         sshmanager.put_file(self.host, str(local), remote)
         return remote
@@ -270,14 +274,18 @@ def flash_place(
     board: Any,
     image: FlashImage,
     place: str,
-    resources: Callable[[], Sequence[PlaceResource]],
+    session: FarmSession,
     *,
     progress: Progress = _quiet,
     bootsel_timeout_s: float = 10.0,
     eject_timeout_s: float = 10.0,
 ) -> PlaceFlash:
-    """Flash `image` through the resources of the held `place` (`resources` asks the
-    coordinator for them, again while a rebooted board comes back in BOOTSEL mode)."""
+    """Flash `image` through the resources of `place`, which `session` holds (it is asked for
+    them again while a rebooted board comes back in BOOTSEL mode)."""
+
+    def resources() -> list[PlaceResource]:
+        return session.resources(place)
+
     try:
         config, resource = choose(board, _seen_now(resources()), place)
     except FlashError as exc:
@@ -296,7 +304,7 @@ def flash_place(
     t0 = time.monotonic()
     notes: list[str] = []
     if kind == "uf2-drive":
-        command = _copy_to_drive(host, resource, path, notes, eject_timeout_s)
+        command = _copy_to_drive(host, resource, path, notes, eject_timeout_s, session, place)
     elif kind == "picotool":
         remote = host.put(path)
         command = [
@@ -333,7 +341,13 @@ def flash_place(
 
 
 def _copy_to_drive(
-    host: ExporterHost, resource: PlaceResource, uf2: Path, notes: list[str], eject_timeout_s: float
+    host: ExporterHost,
+    resource: PlaceResource,
+    uf2: Path,
+    notes: list[str],
+    eject_timeout_s: float,
+    session: FarmSession,
+    place: str,
 ) -> list[str]:
     drive = str(resource.params.get("path", ""))
     if not drive:
@@ -342,7 +356,7 @@ def _copy_to_drive(
             "Check the exporter's configuration.",
         )
     if not host.is_dir(drive):
-        return _write_with_labgrid(resource, uf2)
+        return _write_with_labgrid(session, place, resource, uf2)
     info = str(PurePosixPath(drive) / INFO_FILE)
     if not host.exists(info):
         raise FlashError(
@@ -365,26 +379,24 @@ def _copy_to_drive(
     return command
 
 
-def _write_with_labgrid(resource: PlaceResource, uf2: Path) -> list[str]:
-    """A block device on the exporter: labgrid's USBStorageDriver mounts it (udisks2), copies
-    and unmounts."""
-    from labgrid import Target
+def _write_with_labgrid(
+    session: FarmSession, place: str, resource: PlaceResource, uf2: Path
+) -> list[str]:
+    """A block device on the exporter: labgrid's USBStorageDriver mounts it (udisks2 there),
+    copies the UF2 and unmounts it."""
     from labgrid.driver import USBStorageDriver
-    from labgrid.factory import target_factory
 
-    target = Target("deploykit-flash")
-    params = {k: v for k, v in resource.params.items() if k != "extra"}
-    target_factory.make_resource(target, resource.cls, resource.name, params)
-    driver = USBStorageDriver(target, name=None)
-    target.activate(driver)
+    target = session.labgrid_target(place)
     try:
+        driver = USBStorageDriver(target, name=None)
+        target.activate(driver)
         driver.write_files([str(uf2)], PurePosixPath("/"), None, target_is_directory=True)
-    except Exception as exc:  # labgrid's ExecutionError, CalledProcessError
+    except Exception as exc:  # labgrid's ExecutionError, CalledProcessError, ssh failures
         raise FlashError(
             f"Copying {uf2.name} to the drive {resource.params.get('path')} on "
             f"{resource.params.get('host')} failed: {exc}",
-            "Check that udisks2 runs on the exporter.",
+            "Check that the exporter is reachable over SSH and runs udisks2.",
         ) from exc
     finally:
         target.cleanup()
-    return ["labgrid USBStorageDriver.write_files", str(uf2), str(resource.params.get("path"))]
+    return ["USBStorageDriver.write_files", str(uf2), str(resource.params.get("path"))]

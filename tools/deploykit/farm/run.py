@@ -62,9 +62,7 @@ def on_place(
     ):
         run = PlaceRun(held.name, "", [f"place {held.name} ({session.address})"])
         try:
-            flashed = flash_place(
-                board, image, held.name, lambda: session.resources(held.name), progress=progress
-            )
+            flashed = flash_place(board, image, held.name, session, progress=progress)
             run.notes.append(flashed.summary())
             run.serial_url = serial_url(
                 network_serial_port(lambda: session.resources(held.name), held.name)

@@ -136,7 +136,7 @@ def require_labgrid() -> Any:
 class FarmSession:
     """A session with the coordinator at `address` (see the module docstring)."""
 
-    def __init__(self, address: str, *, connect_timeout_s: float = 10.0) -> None:
+    def __init__(self, address: str | None, *, connect_timeout_s: float = 10.0) -> None:
         client = require_labgrid()
         self.address = coordinator_address(address)
         self._loop = asyncio.new_event_loop()
@@ -287,6 +287,18 @@ class FarmSession:
             PlaceResource(rname, cls, dict(e.args), bool(e.avail))
             for (rname, cls), e in sorted(entries.items())
         ]
+
+    def labgrid_target(self, name: str) -> Any:
+        """A labgrid Target holding place `name`'s resources (which this session must hold),
+        for labgrid's own drivers; made as labgrid-client makes its targets."""
+        from labgrid import Target
+        from labgrid.resource.remote import RemotePlace, RemotePlaceManager
+
+        manager = RemotePlaceManager.get()
+        manager.session, manager.loop = self._session, self._loop
+        target = Target(name)
+        RemotePlace(target, name=name)
+        return target
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
