@@ -273,6 +273,14 @@ class StandInBoard:
             proc.kill()
             proc.wait()
 
+    def firmware_exit(self, timeout_s: float = 10.0) -> int | None:
+        """The exit code of the stand-in firmware of the last flash, once it has ended (it
+        ends when the host's ACK arrives, a moment after the host has returned)."""
+        deadline = time.monotonic() + timeout_s
+        while self.flashes[-1].standin_exit is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.flashes[-1].standin_exit
+
     def reset(self) -> None:
         """Back to a fresh board in BOOTSEL mode with nothing recorded (between tests)."""
         self._reset.set()

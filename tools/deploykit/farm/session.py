@@ -220,9 +220,11 @@ class FarmSession:
         timeout_s: float = 300.0,
         progress: Progress = _quiet,
         poll_s: float = 0.5,
+        on_acquired: Callable[[PlaceInfo], None] | None = None,
     ) -> PlaceInfo:
         """Acquire the named place, or any free place with the query's tags; wait for one to
-        be released until `timeout_s`, then fail naming who holds them."""
+        be released until `timeout_s`, then fail naming who holds them. `on_acquired` hears of
+        the place before a Ctrl-C can interrupt, so that its caller can always release it."""
         from labgrid.remote.generated import labgrid_coordinator_pb2 as pb2
 
         grpc = _grpc()
@@ -232,18 +234,22 @@ class FarmSession:
             candidates = self.find(query)
             for place in (p for p in candidates if p.holder is None):
                 request = pb2.AcquirePlaceRequest(placename=place.name)
-                try:
-                    self._rpc("AcquirePlace", request)
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                        continue  # another job was quicker, or a resource is in use
-                    raise FarmError(
-                        f"Acquiring {place.name} failed: {exc.details()}",
-                        "See the coordinator's log.",
-                    ) from exc
+                with _interrupts_deferred():
+                    try:
+                        self._rpc("AcquirePlace", request)
+                    except grpc.aio.AioRpcError as exc:
+                        if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                            continue  # another job was quicker, or a resource is in use
+                        raise FarmError(
+                            f"Acquiring {place.name} failed: {exc.details()}",
+                            "See the coordinator's log.",
+                        ) from exc
+                    if on_acquired is not None:
+                        on_acquired(place)
                 self.sync()
                 return place
             held = "; ".join(f"{p.name} held by {p.holder}" for p in candidates if p.holder)
+            held = held or "free, but their resources are in use by other places"
             if time.monotonic() >= deadline:
                 raise FarmError(
                     f"No free {query.describe()} within {timeout_s:g} s: {held}.",
@@ -349,12 +355,14 @@ def held_place(
 ) -> Iterator[PlaceInfo]:
     """Hold a place for the body of the `with`: released when it ends, however it ends (an
     error, Ctrl-C). Only a killed process (SIGKILL) leaves it held, as with labgrid-client."""
-    place = session.acquire(query, timeout_s=timeout_s, progress=progress)
-    progress(f"acquired {place.name} on {session.address} as {session.user}")
+    acquired: list[PlaceInfo] = []
     try:
-        yield place
+        session.acquire(query, timeout_s=timeout_s, progress=progress, on_acquired=acquired.append)
+        progress(f"acquired {acquired[0].name} on {session.address} as {session.user}")
+        yield acquired[0]
     finally:
-        progress(f"releasing {place.name}")
-        with _interrupts_deferred():  # a second Ctrl-C must not leave the place held
-            session.release(place.name)
-        progress(f"released {place.name}")
+        for place in acquired:
+            progress(f"releasing {place.name}")
+            with _interrupts_deferred():  # a second Ctrl-C must not leave the place held
+                session.release(place.name)
+            progress(f"released {place.name}")
