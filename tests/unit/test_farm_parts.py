@@ -79,6 +79,17 @@ def test_exporter_config_comes_from_the_board_file():
         exporter_config(board, "a b")
 
 
+def test_a_console_on_the_debug_probe_is_matched_by_the_probes_serial():
+    board = load_board("pico2-uart")
+    with pytest.raises(ConfigError, match="debug probe's serial port"):
+        exporter_config(board, "E661")
+    res = yaml.safe_load(exporter_config(board, "E661", group="g", probe="PROBE1").text)["g"]
+    assert res["USBSerialPort"]["match"]["ID_SERIAL_SHORT"] == "PROBE1"
+    assert res["USBSerialPort"]["match"]["ID_MODEL_ID"] == f"{board.raw['usb']['pid_cdc']:04x}"
+    assert res["USBMassStorage"]["match"]["ID_SERIAL_SHORT"] == "E661"  # the board's own
+    assert res["USBDebugger"]["match"]["ID_SERIAL_SHORT"] == "PROBE1"
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("labgrid") is None,
     reason="labgrid is not installed (pip install 'deploykit[farm]')",

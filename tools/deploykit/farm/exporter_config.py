@@ -54,7 +54,7 @@ def exporter_config(
         raise ConfigError(
             f"Board {board.name} has no USB serial port in its board file "
             "(usb.vid, usb.pid_cdc), so labgrid cannot find its console.",
-            "Use a board whose console is USB CDC (pico2).",
+            "Use a board whose console is a USB serial port (pico2, pico2-uart).",
         )
     vid = _hex4(usb["vid"])
 
@@ -62,20 +62,32 @@ def exporter_config(
         return {"ID_VENDOR_ID": vendor, "ID_MODEL_ID": _hex4(pid), "ID_SERIAL_SHORT": serial_number}
 
     serial_cfg = (getattr(board, "raw", None) or {}).get("serial") or {}
+    configs = flasher_configs(board)
+    # A console on a debug probe's UART bridge (pico2-uart) is the probe's USB device: it has
+    # the probe's serial number, not the board's.
+    console_is_probe = any(
+        c.get("probe_vid") == usb["vid"] and c.get("probe_pid") == usb["pid_cdc"] for c in configs
+    )
+    if console_is_probe and not probe:
+        raise ConfigError(
+            f"The {board.name}'s console is its debug probe's serial port, so the probe's "
+            "serial number is needed.",
+            "Add --probe <the probe's USB serial number>.",
+        )
     resources: dict[str, Any] = {
         "USBSerialPort": {
-            "match": match(usb["pid_cdc"], serial),
+            "match": match(usb["pid_cdc"], probe if console_is_probe else serial),
             "speed": int(serial_cfg.get("baud", 115200)),
         }
     }
-    kinds = [c["kind"] for c in flasher_configs(board)]
+    kinds = [c["kind"] for c in configs]
     if "pid_bootsel" in usb:
         if "uf2-drive" in kinds:
             resources["USBMassStorage"] = {"match": match(usb["pid_bootsel"], serial)}
         if "picotool" in kinds:
             resources["USBFlashableDevice"] = {"match": match(usb["pid_bootsel"], serial)}
     if probe:
-        swd = next((c for c in flasher_configs(board) if c["kind"] == "openocd"), None)
+        swd = next((c for c in configs if c["kind"] == "openocd"), None)
         if swd is None or "probe_vid" not in swd:
             raise ConfigError(
                 f"--probe: board {board.name} lists no openocd flasher with probe_vid/probe_pid.",
