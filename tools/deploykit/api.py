@@ -8,8 +8,9 @@ with the conventions every command shares (output directories, board defaults, p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .boards import Board, available_boards, board_origin, load_board
 from .errors import ConfigError
@@ -19,6 +20,10 @@ from .inspect_pte import ProgramInfo, inspect_pte
 from .npu import npu_config, with_npu_overrides
 from .profiles import resolve_profile
 from .sources import SourceOverride, Workspace
+
+if TYPE_CHECKING:
+    from .explore import ExploreSession
+    from .tool_env import ToolEnv
 
 Progress = Callable[[str], None]
 
@@ -83,11 +88,25 @@ def inspect(pte: Path) -> ProgramInfo:
     return inspect_pte(pte)
 
 
-def explore(pte: Path, port: int | None = None, open_browser: bool = True) -> None:
-    """Open `pte` in Google's Model Explorer with Arm's PTE adapter (optional extra)."""
+def explore(pte: Path, port: int | None = None, open_browser: bool = True, *,
+            tosa: bool = False, node_data: Sequence[Path] = (), wheels: Path | None = None,
+            progress: Callable[[str], None] | None = None,
+            on_ready: Callable[[ExploreSession], None] | None = None) -> ExploreSession:
+    """Serve `pte` (or, `tosa`, its delegates' TOSA graphs) in Google's Model Explorer, run
+    from its own tool environment (created on first use), until Ctrl-C. `on_ready` is told
+    the URL once the server answers."""
     from .explore import explore as run
 
-    run(pte, port=port, open_browser=open_browser)
+    return run(pte, port=port, open_browser=open_browser, tosa=tosa, node_data=node_data,
+               wheels=wheels, progress=progress, on_ready=on_ready)
+
+
+def explore_setup(wheels: Path | None = None,
+                  progress: Callable[[str], None] | None = None) -> ToolEnv:
+    """Create Model Explorer's tool environment if there is none (deploykit.tool_env)."""
+    from .tool_env import ensure
+
+    return ensure(wheels=wheels, progress=progress)
 
 
 def describe_program(info: ProgramInfo) -> str:
@@ -266,6 +285,42 @@ def run(board: str, model: str, flow: str | None = None, out: Path | None = None
                         workspace, timeout, progress,
                         runner_options=runner_options, inputs_dir=inputs,
                         profile=resolve_profile(b, profile), fit=fit, tolerance=tolerance)
+
+
+def profile(board: str, model: str, flow: str | None = None, out: Path | None = None,
+            workspace: Path | None = None, timeout: float = 120.0, progress: Progress = _quiet,
+            npu_macs: int | None = None, npu_memory_mode: str | None = None,
+            runner_options: dict | None = None, profile: str | None = None,
+            fit: bool = False):
+    """Per-operator profile of `model` on `board` (profiling/stage.py, docs/profiling.md):
+    builds profiling firmware and the plain one, runs both, writes <out>/profile/."""
+    from .profiling.stage import profile_model
+    from .runners import runner_class
+
+    b = load_board_with(board, npu_macs, npu_memory_mode)
+    runner_class(b).check_options(b.name, runner_options or {})  # before the slow build
+    return profile_model(b, model, resolve_flow(b, flow), out or default_out(board, model),
+                         workspace, timeout, progress, runner_options,
+                         build_profile=resolve_profile(b, profile), fit=fit)
+
+
+def debug_intermediates(board: str, model: str, flow: str | None = None,
+                        out: Path | None = None, workspace: Path | None = None,
+                        timeout: float = 120.0, progress: Progress = _quiet,
+                        npu_macs: int | None = None, npu_memory_mode: str | None = None,
+                        runner_options: dict | None = None, profile: str | None = None,
+                        fit: bool = False, atol: float | None = None,
+                        rtol: float | None = None):
+    """Every operator's device output against the host's, in execution order (`deploykit run
+    --debug-intermediates`; profiling/stage.py, docs/profiling.md)."""
+    from .profiling.stage import debug_intermediates as debug
+    from .runners import runner_class
+
+    b = load_board_with(board, npu_macs, npu_memory_mode)
+    runner_class(b).check_options(b.name, runner_options or {})
+    return debug(b, model, resolve_flow(b, flow), out or default_out(board, model), workspace,
+                 timeout, progress, runner_options, build_profile=resolve_profile(b, profile),
+                 fit=fit, atol=atol, rtol=rtol)
 
 
 def flash(board: str, *, model: str | None = None, image: Path | None = None,

@@ -99,6 +99,19 @@ class FlowResult:
     report: dict[str, Any] = field(default_factory=dict)  # flow entries of export.json
     reference_report: dict[str, Any] = field(default_factory=dict)  # under "reference"
     warnings: list[str] = field(default_factory=list)
+    # Further files of the export, by name, written beside the .pte (the Ethos-U flow: each
+    # delegate's TOSA flatbuffer, for `deploykit explore --tosa`). Names match FLOW_FILE_GLOBS.
+    files: dict[str, bytes] = field(default_factory=dict)
+    # ExecuTorch's ETRecord of this export (executorch.devtools), written beside the .pte as
+    # model.etrecord, so that Inspector can read a profile's ETDump with it; None when the flow
+    # makes none.
+    etrecord: Any = None
+
+
+# The names a flow may give its further files (FlowResult.files), so that an export removes
+# a previous export's files of that kind before it writes its own.
+DELEGATE_TOSA_NAME = "delegate_{index}.tosa"
+FLOW_FILE_GLOBS = ("delegate_*.tosa",)
 
 
 class Flow(abc.ABC):

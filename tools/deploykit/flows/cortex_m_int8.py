@@ -74,7 +74,8 @@ class CortexMInt8(Flow):
             qep = torch.export.export(converted, inputs)
         with st.step("to_edge_transform_and_lower"):
             edge = to_edge_transform_and_lower(qep,
-                                               compile_config=_cortex_m_edge_compile_config())
+                                               compile_config=_cortex_m_edge_compile_config(),
+                                               generate_etrecord=True)
         with st.step("CortexMPassManager"):
             lowered = CortexMPassManager(edge.exported_program(),
                                          target_config=cpu_target).transform()
@@ -100,7 +101,8 @@ class CortexMInt8(Flow):
                 # compared as floats, as with float I/O).
                 int8_inputs, int8_outputs = _make_int8_io(lowered)
         with st.step("to_executorch"):
-            pte = bytes(edge.to_executorch(options.backend_config()).buffer)
+            program = edge.to_executorch(options.backend_config())
+            pte = bytes(program.buffer)
 
         def to_device(xs: tuple[Any, ...]) -> tuple[Any, ...]:
             """Inputs as the program takes them: int8 where it starts with a quantize, made
@@ -139,7 +141,7 @@ class CortexMInt8(Flow):
                 **({"int8_inputs": int8_inputs, "int8_outputs": int8_outputs}
                    if options.int8_io else {})}},
             reference_report={"cortex_m_dialect_check": dialect_check},
-            warnings=warnings)
+            warnings=warnings, etrecord=program.get_etrecord())
 
     def check_program(self, model: str, op_list: list[str], info: PteInfo,
                       options: ExportOptions) -> list[str]:

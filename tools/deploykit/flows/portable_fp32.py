@@ -42,7 +42,7 @@ class PortableFp32(Flow):
                      "model, example_inputs()) (no data-dependent Python control flow)."):
             ep = torch.export.export(spec.module, inputs)
         with st.step("to_edge_transform_and_lower"):
-            edge = to_edge_transform_and_lower(ep)
+            edge = to_edge_transform_and_lower(ep, generate_etrecord=True)
         if options.fold_constants:
             with st.step("constant_prop_pass"):
                 folded = constant_prop_pass(edge.exported_program())
@@ -51,7 +51,8 @@ class PortableFp32(Flow):
                     # public setter for a transformed program.
                     edge._edge_programs["forward"] = folded
         with st.step("to_executorch"):
-            pte = bytes(edge.to_executorch(options.backend_config()).buffer)
+            program = edge.to_executorch(options.backend_config())
+            pte = bytes(program.buffer)
 
         with st.step("host reference (executorch pybindings)",
                      "The .pte did not run on the host ExecuTorch runtime; a kernel is missing "
@@ -71,7 +72,8 @@ class PortableFp32(Flow):
             pte=pte, inputs=inputs, reference=reference, eager=eager,
             input_quant=[None] * len(inputs), output_quant=[None] * len(reference),
             reference_kind=self.fallback_reference_kind, reference_fn=reference_fn,
-            prepare_inputs=lambda xs: tuple(t.clone().contiguous() for t in xs))
+            prepare_inputs=lambda xs: tuple(t.clone().contiguous() for t in xs),
+            etrecord=program.get_etrecord())
 
     def check_program(self, model: str, op_list: list[str], info: PteInfo,
                       options: ExportOptions) -> list[str]:
