@@ -416,8 +416,6 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         return _farm(args, out)
     if cmd == "flash":
         if getattr(args, "place", None):
-            from .errors import ConfigError
-
             raise ConfigError("`deploykit flash` flashes a board on this machine; --place is "
                               "for `deploykit run`.", "Use deploykit run --place NAME.")
         result = api.flash(args.board, model=args.model, image=args.image, out=args.out,
