@@ -390,3 +390,34 @@ def selftest(board: str, out: Path | None = None, workspace: Path | None = None,
     b = load_board(board)
     return run_selftest(b, out or default_out(board, f"selftest-{variant}"), timeout, progress,
                         variant)
+
+
+def farm_status(coordinator: str | None = None):
+    """The places of a labgrid coordinator (`--coordinator` or LG_COORDINATOR): board kind,
+    holder, and the outcome of deploykit's last run there (docs/farm.md)."""
+    from .farm.session import FarmSession
+
+    with FarmSession(coordinator) as session:
+        return session.address, session.places()
+
+
+def describe_places(address: str, places) -> str:
+    lines = [f"labgrid coordinator {address}: {len(places)} place(s)",
+             f"  {'place':<24} {'board':<12} {'holder':<24} last result"]
+    for p in places:
+        lines.append(f"  {p.name:<24} {p.board or '-':<12} {p.holder or 'free':<24} "
+                     f"{p.last_result or '-'}")
+    return "\n".join(lines)
+
+
+def farm_exporter_config(board: str, serial: str, *, group: str | None = None,
+                         probe: str | None = None, out: Path | None = None):
+    """The labgrid exporter configuration of one board, from its board file; written to `out`
+    (atomically) when given."""
+    from .farm.exporter_config import exporter_config
+    from .fsutil import write_atomic
+
+    cfg = exporter_config(load_board(board), serial, group=group, probe=probe)
+    if out is not None:
+        write_atomic(Path(out), cfg.text)
+    return cfg

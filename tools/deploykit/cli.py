@@ -282,7 +282,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", choices=["ok", "fault", "stack-overflow", "error"],
                    default="ok", help="make the firmware fault or report an error on purpose, "
                    "and check that the host classifies the run exactly so (default ok)")
+    _farm_parser(sub)
     return parser
+
+
+def _farm_parser(sub: Any) -> None:
+    p = sub.add_parser("farm", help="a labgrid board farm: exporter configuration, places "
+                       "(docs/farm.md)",
+                       description="Boards on a labgrid farm: `deploykit run --place` runs on "
+                       "them; these commands help set one up and watch it.")
+    farm = p.add_subparsers(dest="farm_command", required=True, metavar="COMMAND")
+    q = farm.add_parser("exporter-config", help="write a board's labgrid exporter YAML from "
+                        "its board file (VID/PID of its serial port and BOOTSEL device)")
+    _common(q, model=False, out_default="stdout")
+    q.add_argument("--serial", required=True, metavar="USB_SERIAL",
+                   help="the board's USB serial number (udev ID_SERIAL_SHORT)")
+    q.add_argument("--name", metavar="GROUP", help="resource group and place name (default "
+                   "<board>-<serial>)")
+    q.add_argument("--probe", metavar="SERIAL", help="also export this SWD debug probe")
+    q = farm.add_parser("status", help="the places: board kind, holder, last result")
+    q.add_argument("--coordinator", metavar="HOST[:PORT]",
+                   help="the labgrid coordinator (default $LG_COORDINATOR)")
+
+
+def _farm(args: argparse.Namespace, out: _Output) -> int:
+    if args.farm_command == "status":
+        address, places = api.farm_status(args.coordinator)
+        out.result({"coordinator": address, "places": places},
+                   api.describe_places(address, places))
+        return 0
+    cfg = api.farm_exporter_config(args.board, args.serial, group=args.name, probe=args.probe,
+                                   out=args.out)
+    out.result(cfg, f"wrote {args.out}" if args.out else cfg.text.rstrip())
+    return 0
 
 
 def _groups_help() -> str:
@@ -384,7 +416,12 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         info = api.inspect(args.pte)
         out.result(api.program_json(info), api.describe_program(info))
         return 0
+    if cmd == "farm":
+        return _farm(args, out)
     if cmd == "flash":
+        if getattr(args, "place", None):
+            raise ConfigError("`deploykit flash` flashes a board on this machine; --place is "
+                              "for `deploykit run`.", "Use deploykit run --place NAME.")
         result = api.flash(args.board, model=args.model, image=args.image, out=args.out,
                            port=args.port, probe=args.probe, workspace=args.workspace,
                            progress=out.progress)
