@@ -16,6 +16,7 @@ from .errors import ConfigError
 from .families import family_of
 from .flows import get_flow
 from .inspect_pte import ProgramInfo, inspect_pte
+from .locks import out_lock
 from .npu import npu_config, with_npu_overrides
 from .profiles import resolve_profile
 from .sources import SourceOverride, Workspace
@@ -201,8 +202,10 @@ def export(board: str, model: str, flow: str | None = None, out: Path | None = N
     from .pipeline import export_stage
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
-    return export_stage(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                        progress, profile=resolve_profile(b, profile))
+    out = out or default_out(board, model)
+    with out_lock(out):
+        return export_stage(b, model, resolve_flow(b, flow), out, progress,
+                            profile=resolve_profile(b, profile))
 
 
 def describe_export(result) -> str:
@@ -225,8 +228,10 @@ def plan(board: str, model: str | None = None, flow: str | None = None, out: Pat
                           "Give --model NAME (exported first) or --pte FILE.pte.")
     if pte is not None:
         return plan_pte(b, Path(pte), out, progress, profile=resolve_profile(b, profile))
-    return plan_stage(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                      progress, profile=resolve_profile(b, profile))
+    out = out or default_out(board, model)
+    with out_lock(out):
+        return plan_stage(b, model, resolve_flow(b, flow), out, progress,
+                          profile=resolve_profile(b, profile))
 
 
 def build(board: str, model: str, flow: str | None = None, out: Path | None = None,
@@ -239,8 +244,10 @@ def build(board: str, model: str, flow: str | None = None, out: Path | None = No
     from .pipeline import build_firmware
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
-    return build_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                          workspace, progress, profile=resolve_profile(b, profile), fit=fit)
+    out = out or default_out(board, model)
+    with out_lock(out):
+        return build_firmware(b, model, resolve_flow(b, flow), out, workspace, progress,
+                              profile=resolve_profile(b, profile), fit=fit)
 
 
 def run(board: str, model: str, flow: str | None = None, out: Path | None = None,
@@ -262,10 +269,11 @@ def run(board: str, model: str, flow: str | None = None, out: Path | None = None
     tolerance = None
     if atol is not None or rtol is not None:
         tolerance = Tolerance(atol=atol or 0.0, rtol=rtol or 0.0)
-    return run_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                        workspace, timeout, progress,
-                        runner_options=runner_options, inputs_dir=inputs,
-                        profile=resolve_profile(b, profile), fit=fit, tolerance=tolerance)
+    out = out or default_out(board, model)
+    with out_lock(out):
+        return run_firmware(b, model, resolve_flow(b, flow), out, workspace, timeout, progress,
+                            runner_options=runner_options, inputs_dir=inputs,
+                            profile=resolve_profile(b, profile), fit=fit, tolerance=tolerance)
 
 
 def flash(board: str, *, model: str | None = None, image: Path | None = None,
@@ -323,5 +331,6 @@ def selftest(board: str, out: Path | None = None, workspace: Path | None = None,
     from .selftest import run_selftest
 
     b = load_board(board)
-    return run_selftest(b, out or default_out(board, f"selftest-{variant}"), timeout, progress,
-                        variant)
+    out = out or default_out(board, f"selftest-{variant}")
+    with out_lock(out):
+        return run_selftest(b, out, timeout, progress, variant)
