@@ -18,18 +18,27 @@ pytestmark = [requires_toolchain, requires_cmake]
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "CI": "1", "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "tools"),
-                                           os.environ.get("PYTHONPATH", "")]), **extra}
+    return {
+        **os.environ,
+        "CI": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tools"), os.environ.get("PYTHONPATH", "")]),
+        **extra,
+    }
 
 
 class Timed:
     """A deploykit process whose stderr lines are kept with the time each arrived."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "deploykit", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=env or _env(), cwd=ROOT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "deploykit", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env or _env(),
+            cwd=ROOT,
+        )
         self.lines: list[tuple[float, str]] = []
 
     def wait_for(self, pattern: str, limit_s: float = 300) -> float:
@@ -57,8 +66,17 @@ class Timed:
 @requires_qemu
 def test_second_command_on_the_same_out_waits_and_does_not_interleave(tmp_path):
     out = tmp_path / "shared"
-    first = Timed("selftest", "--board", "qemu-an547", "--variant", "hang", "--timeout", "4",
-                  "--out", str(out))
+    first = Timed(
+        "selftest",
+        "--board",
+        "qemu-an547",
+        "--variant",
+        "hang",
+        "--timeout",
+        "4",
+        "--out",
+        str(out),
+    )
     first.wait_for(r"running dk_selftest\.elf on qemu")
     second = Timed("selftest", "--board", "qemu-an547", "--out", str(out))
     waiting_at = second.wait_for(r"deploykit: waiting for ")
@@ -83,16 +101,35 @@ def test_two_cold_builds_of_one_runtime_key_build_it_once(tmp_path):
         if entry.name != "runtime-cache":
             (ws / entry.name).symlink_to(entry)
     env = _env(DEPLOYKIT_WORKSPACE=str(ws))
-    builds = [Timed("build", "--board", "qemu-an547", "--model", "tiny_cnn",
-                    "--out", str(tmp_path / f"out{i}"), env=env) for i in range(2)]
+    builds = [
+        Timed(
+            "build",
+            "--board",
+            "qemu-an547",
+            "--model",
+            "tiny_cnn",
+            "--out",
+            str(tmp_path / f"out{i}"),
+            env=env,
+        )
+        for i in range(2)
+    ]
     results = [b.finish(limit_s=1800) for b in builds]
     assert [rc for rc, _ in results] == [0, 0], builds[0].text + builds[1].text
     (runtime,) = [d for d in (ws / "runtime-cache").iterdir() if d.name.startswith("et")]
     # Every object of the runtime was compiled once, by one of the two builds.
-    outputs = [line.split("\t")[3] for line in (runtime / ".ninja_log").read_text().splitlines()
-               if not line.startswith("#")]
+    outputs = [
+        line.split("\t")[3]
+        for line in (runtime / ".ninja_log").read_text().splitlines()
+        if not line.startswith("#")
+    ]
     assert outputs and len(outputs) == len(set(outputs)), [
-        o for o in outputs if outputs.count(o) > 1][:5]
-    configured = [b for b in range(2) if "ExecuTorch runtime: configuring" in (
-        tmp_path / f"out{b}" / "firmware" / "build.log").read_text()]
+        o for o in outputs if outputs.count(o) > 1
+    ][:5]
+    configured = [
+        b
+        for b in range(2)
+        if "ExecuTorch runtime: configuring"
+        in (tmp_path / f"out{b}" / "firmware" / "build.log").read_text()
+    ]
     assert len(configured) == 1, configured

@@ -29,8 +29,9 @@ def test_selftest_hang_is_located_within_the_limit(tmp_path, board):
     report = api.selftest(board, out=tmp_path, timeout=LIMIT_S, variant="hang")
     assert report.passed, report.summary()
     hang = report.hang or ""
-    assert re.search(r"Hung in dk_selftest_hang_site \(deploykit firmware, selftest\.c:\d+\)",
-                     hang), hang
+    assert re.search(
+        r"Hung in dk_selftest_hang_site \(deploykit firmware, selftest\.c:\d+\)", hang
+    ), hang
     assert re.search(r"called from main \(deploykit firmware, selftest\.c:\d+\)", hang), hang
     # The location costs a QMP round trip, not another limit.
     assert report.wall_seconds < LIMIT_S + 3.0, report.wall_seconds
@@ -39,8 +40,7 @@ def test_selftest_hang_is_located_within_the_limit(tmp_path, board):
 def _rebuild(firmware_dir: Path, **definitions: str) -> None:
     defs = [f"-D{k}={v}" for k, v in definitions.items()]
     subprocess.run(["cmake", *defs, str(firmware_dir)], check=True, capture_output=True)
-    subprocess.run(["cmake", "--build", str(firmware_dir), "-j2"], check=True,
-                   capture_output=True)
+    subprocess.run(["cmake", "--build", str(firmware_dir), "-j2"], check=True, capture_output=True)
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +57,16 @@ def test_runner_hang_is_located_with_its_caller(built_runner, tmp_path):
     try:
         _rebuild(fw, DK_RUNNER_HANG="ON")
         result = runner_for_board(load_board("qemu-an547")).run(
-            built.firmware.elf, tmp_path, timeout_s=LIMIT_S, check=False)
+            built.firmware.elf, tmp_path, timeout_s=LIMIT_S, check=False
+        )
     finally:
         _rebuild(fw, DK_RUNNER_HANG="OFF")
     outcome = result.outcome()
     assert outcome.exit_code == ExitCode.TIMEOUT
-    assert "Hung in (anonymous namespace)::dk_runner_hang_site (deploykit firmware, " \
-           "runner.cpp:" in outcome.cause, outcome.cause
+    assert (
+        "Hung in (anonymous namespace)::dk_runner_hang_site (deploykit firmware, "
+        "runner.cpp:" in outcome.cause
+    ), outcome.cause
     assert "called from main (deploykit firmware, runner.cpp:" in outcome.cause
     assert "hello(board=qemu-an547" in outcome.cause  # the last records seen
     assert result.wall_seconds < LIMIT_S + 3.0
@@ -77,14 +80,15 @@ def test_planned_buffer_count_mismatch_is_a_build_error_on_the_device(built_runn
     count = re.search(r"#define DK_PLANNED_BUFFER_COUNT (\d+)u", original)
     sizes = re.search(r"#define DK_PLANNED_BUFFER_SIZES \{ (.*) \}", original)
     assert count and sizes
-    wrong = original.replace(count.group(0), f"#define DK_PLANNED_BUFFER_COUNT "
-                             f"{int(count.group(1)) + 1}u").replace(
-        sizes.group(0), f"#define DK_PLANNED_BUFFER_SIZES {{ {sizes.group(1)}, 16u }}")
+    wrong = original.replace(
+        count.group(0), f"#define DK_PLANNED_BUFFER_COUNT {int(count.group(1)) + 1}u"
+    ).replace(sizes.group(0), f"#define DK_PLANNED_BUFFER_SIZES {{ {sizes.group(1)}, 16u }}")
     try:
         config.write_text(wrong)
         _rebuild(out / "firmware")
         result = runner_for_board(load_board("qemu-an547")).run(
-            built.firmware.elf, tmp_path, timeout_s=30, check=False)
+            built.firmware.elf, tmp_path, timeout_s=30, check=False
+        )
     finally:
         config.write_text(original)
         _rebuild(out / "firmware")

@@ -29,9 +29,12 @@ def _deploykit(*args: str) -> list[str]:
 
 def _env() -> dict[str, str]:
     # CI=1: plain progress lines, one per step, which the test waits for.
-    return {**os.environ, "CI": "1", "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "tools"),
-                                           os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "CI": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tools"), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def _processes_naming(text: str) -> list[str]:
@@ -50,12 +53,19 @@ def _processes_naming(text: str) -> list[str]:
     return found
 
 
-def interrupt_when(cmd: list[str], stage: re.Pattern[str], out: Path, *,
-                   delay_s: float = 0.0, limit_s: float = 600.0) -> str:
+def interrupt_when(
+    cmd: list[str],
+    stage: re.Pattern[str],
+    out: Path,
+    *,
+    delay_s: float = 0.0,
+    limit_s: float = 600.0,
+) -> str:
     """Run `cmd`, send SIGINT when a stderr line matches `stage` (after `delay_s`), and check
     the ending: exit 130, one line saying so, no traceback, no process left. Returns stderr."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=_env(), cwd=ROOT)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT
+    )
     assert proc.stderr is not None
     seen: list[str] = []
     deadline = time.monotonic() + limit_s
@@ -99,8 +109,17 @@ def test_interrupted_selftest_build_then_rebuild(tmp_path):
 
 def test_interrupted_run_stops_qemu(tmp_path):
     out = tmp_path / "hang"
-    cmd = _deploykit("selftest", "--board", "qemu-an505", "--variant", "hang", "--timeout", "300",
-                     "--out", str(out))
+    cmd = _deploykit(
+        "selftest",
+        "--board",
+        "qemu-an505",
+        "--variant",
+        "hang",
+        "--timeout",
+        "300",
+        "--out",
+        str(out),
+    )
     interrupt_when(cmd, re.compile(r"running dk_selftest\.elf on qemu"), out, delay_s=1.0)
     ok = _deploykit("selftest", "--board", "qemu-an505", "--out", str(out))
     assert "PASS" in _succeeds(ok)
@@ -128,8 +147,16 @@ RUN_STAGES = {
 def test_interrupted_run_then_rebuild(tmp_path, stage):
     out = tmp_path / stage
     pattern, delay = RUN_STAGES[stage]
-    cmd = _deploykit("run", "--board", "qemu-an547", "--model", "tiny_cnn", "--out", str(out),
-                     *(["--fit"] if stage == "fit" else []))
+    cmd = _deploykit(
+        "run",
+        "--board",
+        "qemu-an547",
+        "--model",
+        "tiny_cnn",
+        "--out",
+        str(out),
+        *(["--fit"] if stage == "fit" else []),
+    )
     interrupt_when(cmd, pattern, out, delay_s=delay)
     if stage == "fit":
         assert not (out / "fit.json").exists()

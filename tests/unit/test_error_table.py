@@ -42,13 +42,30 @@ def test_c_header_defines_every_deploykit_code(tmp_path):
     if cc is None:
         pytest.skip("no host C compiler (cc or gcc) on PATH")
     main = tmp_path / "main.c"
-    main.write_text('#include <stdio.h>\n#include "dk_errors.h"\nint main(void) {\n'
-                    + "".join(f'  printf("{e.name} %u\\n", (unsigned)DK_ERR_{e.name});\n'
-                              for e in CODES.values() if e.source == "deploykit")
-                    + "  return 0;\n}\n")
+    main.write_text(
+        '#include <stdio.h>\n#include "dk_errors.h"\nint main(void) {\n'
+        + "".join(
+            f'  printf("{e.name} %u\\n", (unsigned)DK_ERR_{e.name});\n'
+            for e in CODES.values()
+            if e.source == "deploykit"
+        )
+        + "  return 0;\n}\n"
+    )
     exe = tmp_path / "codes"
-    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror",
-                    f"-I{ROOT / 'firmware' / 'protocol'}", str(main), "-o", str(exe)], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            f"-I{ROOT / 'firmware' / 'protocol'}",
+            str(main),
+            "-o",
+            str(exe),
+        ],
+        check=True,
+    )
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     got = {name: int(v) for name, v in (line.split() for line in out.splitlines())}
     assert got == {e.name: e.code for e in CODES.values() if e.source == "deploykit"}
@@ -59,13 +76,20 @@ def test_executorch_codes_are_those_of_the_pinned_error_h():
     # headers hold them (the wheel ships the runtime headers).
     import executorch
 
-    header = (Path(next(iter(executorch.__path__))) / "include" / "executorch" / "runtime"
-              / "core" / "error.h")
+    header = (
+        Path(next(iter(executorch.__path__)))
+        / "include"
+        / "executorch"
+        / "runtime"
+        / "core"
+        / "error.h"
+    )
     text = header.read_text()
-    enum = text[text.index("enum class Error"):]
-    enum = enum[:enum.index("};")]
-    values = {name: int(v, 16) for name, v in re.findall(r"^\s*(\w+)\s*=\s*(0x[0-9a-fA-F]+)",
-                                                         enum, re.M)}
+    enum = text[text.index("enum class Error") :]
+    enum = enum[: enum.index("};")]
+    values = {
+        name: int(v, 16) for name, v in re.findall(r"^\s*(\w+)\s*=\s*(0x[0-9a-fA-F]+)", enum, re.M)
+    }
     ours = {e.name: e.code for e in CODES.values() if e.source == "executorch"}
     assert ours == values
 
@@ -89,17 +113,24 @@ def test_unknown_code_is_named_as_such():
 def test_the_pool_comes_from_the_code_not_the_message():
     enc = StreamEncoder()
     # A message that starts with another pool's name: the code decides.
-    run = decode(enc.hello(**HELLO)
-                 + enc.error(BY_NAME["TEMP_POOL"].code, "method_pool said hello") + enc.done(3))
+    run = decode(
+        enc.hello(**HELLO)
+        + enc.error(BY_NAME["TEMP_POOL"].code, "method_pool said hello")
+        + enc.done(3)
+    )
     assert pool_too_small(run) == "temp_pool"
     assert run.outcome().exit_code == ExitCode.MEMORY
 
 
 def test_planned_buffer_count_mismatch_is_not_a_pool_too_small():
     enc = StreamEncoder()
-    run = decode(enc.hello(**HELLO)
-                 + enc.error(BY_NAME["PLANNED_COUNT"].code,
-                             "model_config.h plans 2 buffers, the program has 1") + enc.done(1))
+    run = decode(
+        enc.hello(**HELLO)
+        + enc.error(
+            BY_NAME["PLANNED_COUNT"].code, "model_config.h plans 2 buffers, the program has 1"
+        )
+        + enc.done(1)
+    )
     outcome = run.outcome()
     assert pool_too_small(run) is None
     assert outcome.exit_code == ExitCode.BUILD
@@ -124,11 +155,15 @@ def test_send_return_values_are_checked_in_the_firmware():
 
 def test_bad_data_file_is_refused(tmp_path):
     bad = tmp_path / "errors.yaml"
-    bad.write_text("executorch:\n  - {code: 0x21, name: A, meaning: m}\n"
-                   "deploykit:\n  - {code: 0x1002, name: B, meaning: m, status: 3}\n")
+    bad.write_text(
+        "executorch:\n  - {code: 0x21, name: A, meaning: m}\n"
+        "deploykit:\n  - {code: 0x1002, name: B, meaning: m, status: 3}\n"
+    )
     with pytest.raises(ValueError, match="pool"):
         error_table.load_entries(bad)
-    bad.write_text("executorch:\n  - {code: 0x21, name: A, meaning: m}\n"
-                   "deploykit:\n  - {code: 0x1002, name: B, meaning: m, class: NOPE}\n")
+    bad.write_text(
+        "executorch:\n  - {code: 0x21, name: A, meaning: m}\n"
+        "deploykit:\n  - {code: 0x1002, name: B, meaning: m, class: NOPE}\n"
+    )
     with pytest.raises(ValueError, match="NOPE"):
         error_table.load_entries(bad)

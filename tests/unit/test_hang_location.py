@@ -24,14 +24,20 @@ def test_pc_and_lr_come_from_the_monitor_dump():
         parse_registers("CPU#0\nR00=00000000\n")
 
 
-@pytest.mark.parametrize(("file", "symbol", "component"), [
-    ("/ws/cmsis-nn/Source/ConvolutionFunctions/arm_convolve_s8.c", "arm_convolve_s8",
-     "CMSIS-NN"),
-    (None, "arm_nn_mat_mult_kernel_s8_s16", "CMSIS-NN"),
-    (None, "_ZN10executorch7runtime6Method7executeEv", "ExecuTorch"),
-    ("/src/firmware/runner/runner.cpp", "main", "deploykit firmware"),
-    (None, "memcpy", None),
-])
+@pytest.mark.parametrize(
+    ("file", "symbol", "component"),
+    [
+        (
+            "/ws/cmsis-nn/Source/ConvolutionFunctions/arm_convolve_s8.c",
+            "arm_convolve_s8",
+            "CMSIS-NN",
+        ),
+        (None, "arm_nn_mat_mult_kernel_s8_s16", "CMSIS-NN"),
+        (None, "_ZN10executorch7runtime6Method7executeEv", "ExecuTorch"),
+        ("/src/firmware/runner/runner.cpp", "main", "deploykit firmware"),
+        (None, "memcpy", None),
+    ],
+)
 def test_component_from_file_or_symbol(file, symbol, component):
     assert CodeLocation(0x1000, symbol, file, 1 if file else None, symbol).component == component
 
@@ -47,11 +53,13 @@ def test_locator_maps_an_address_to_function_file_and_line(tmp_path):
     if cc is None:
         pytest.skip("no host C compiler (cc or gcc) on PATH")
     src = tmp_path / "spin.c"
-    src.write_text("volatile int n;\n"
-                   "__attribute__((noinline)) void spin(void) {\n"
-                   "  for (;;) n++;\n"
-                   "}\n"
-                   "int main(void) { spin(); return 0; }\n")
+    src.write_text(
+        "volatile int n;\n"
+        "__attribute__((noinline)) void spin(void) {\n"
+        "  for (;;) n++;\n"
+        "}\n"
+        "int main(void) { spin(); return 0; }\n"
+    )
     exe = tmp_path / "spin"
     subprocess.run([cc, "-g", "-O1", str(src), "-o", str(exe)], check=True)
     with ElfLocator(exe) as loc:

@@ -8,14 +8,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # Import names of pyproject's dependencies whose distribution name differs.
-IMPORT_NAMES = {"pyyaml": "yaml", "pyserial": "serial", "pyelftools": "elftools",
-                "qemu.qmp": "qemu", "jinja2": "jinja2"}
+IMPORT_NAMES = {
+    "pyyaml": "yaml",
+    "pyserial": "serial",
+    "pyelftools": "elftools",
+    "qemu.qmp": "qemu",
+    "jinja2": "jinja2",
+}
 
 
 def _hard_dependencies() -> set[str]:
     # pyproject's `dependencies = [...]` (tomllib is Python 3.11+; deploykit runs on 3.10).
-    block = re.search(r"^dependencies = \[(.*?)^\]", (ROOT / "pyproject.toml").read_text(),
-                      re.M | re.S)
+    block = re.search(
+        r"^dependencies = \[(.*?)^\]", (ROOT / "pyproject.toml").read_text(), re.M | re.S
+    )
     assert block is not None
     deps = re.findall(r'"([^"]+)"', block.group(1))
     names = {re.split(r"[\[<>=!~ ]", d, maxsplit=1)[0].lower() for d in deps}

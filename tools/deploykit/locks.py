@@ -49,8 +49,7 @@ def out_lock(out: Path, on_wait: Callable[[str], None] = _tell_stderr) -> Iterat
             on_wait(f"waiting for {holder} to finish with {out}")
             fcntl.flock(fd, fcntl.LOCK_EX)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} ({' '.join(sys.argv[1:3]) or 'python'})\n".encode(),
-                  0)
+        os.pwrite(fd, f"pid {os.getpid()} ({' '.join(sys.argv[1:3]) or 'python'})\n".encode(), 0)
         _held[key] = 1
         try:
             yield

@@ -20,14 +20,22 @@ from pathlib import Path
 
 # Where a source file comes from, by a fragment of its path (first match wins).
 COMPONENTS = (
-    ("cmsis-nn", "CMSIS-NN"), ("cmsis_nn", "CMSIS-NN"), ("ethos-u", "Ethos-U driver"),
-    ("ethos_u", "Ethos-U driver"), ("executorch", "ExecuTorch"), ("pico-sdk", "pico-sdk"),
-    ("newlib", "newlib"), ("firmware/", "deploykit firmware"),
+    ("cmsis-nn", "CMSIS-NN"),
+    ("cmsis_nn", "CMSIS-NN"),
+    ("ethos-u", "Ethos-U driver"),
+    ("ethos_u", "Ethos-U driver"),
+    ("executorch", "ExecuTorch"),
+    ("pico-sdk", "pico-sdk"),
+    ("newlib", "newlib"),
+    ("firmware/", "deploykit firmware"),
 )
 # The same by symbol name, for code built without line information (the cached runtime).
 SYMBOL_COMPONENTS = (
-    ("arm_", "CMSIS-NN"), ("ethosu_", "Ethos-U driver"), ("_ZN10executorch", "ExecuTorch"),
-    ("_ZN5torch8executor", "ExecuTorch"), ("_ZN2c10", "ExecuTorch"),
+    ("arm_", "CMSIS-NN"),
+    ("ethosu_", "Ethos-U driver"),
+    ("_ZN10executorch", "ExecuTorch"),
+    ("_ZN5torch8executor", "ExecuTorch"),
+    ("_ZN2c10", "ExecuTorch"),
 )
 QMP_TIMEOUT_S = 5.0
 EXC_RETURN_MIN = 0xFF000000  # LR values from here are EXC_RETURN codes, not addresses
@@ -45,8 +53,14 @@ class CodeLocation:
     def component(self) -> str | None:
         path = (self.file or "").lower()
         by_path = next((label for frag, label in COMPONENTS if frag in path), None)
-        return by_path or next((label for prefix, label in SYMBOL_COMPONENTS
-                                if (self.symbol or "").startswith(prefix)), None)
+        return by_path or next(
+            (
+                label
+                for prefix, label in SYMBOL_COMPONENTS
+                if (self.symbol or "").startswith(prefix)
+            ),
+            None,
+        )
 
     def describe(self) -> str:
         name = self.function or f"0x{self.address:08x} (no symbol)"
@@ -110,8 +124,9 @@ class ElfLocator:
         with contextlib.suppress(Exception):
             aranges = self._dwarf.get_aranges()
             cu_offset = aranges.cu_offset_for_addr(address) if aranges else None
-        cus = ([self._dwarf.get_CU_at(cu_offset)] if cu_offset is not None
-               else self._dwarf.iter_CUs())
+        cus = (
+            [self._dwarf.get_CU_at(cu_offset)] if cu_offset is not None else self._dwarf.iter_CUs()
+        )
         for cu in cus:
             found = _line_in(self._dwarf, cu, address)
             if found is not None:
@@ -132,8 +147,9 @@ def _demangle(symbol: str | None) -> str | None:
     if tool is None:
         return symbol
     try:
-        out = subprocess.run([tool, symbol], capture_output=True, text=True, timeout=5,
-                             check=True).stdout.strip()
+        out = subprocess.run(
+            [tool, symbol], capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return symbol
     return re.sub(r"\([^()]*\)( const)?$", "", out) or symbol  # without the argument list
@@ -192,8 +208,9 @@ async def _query(socket_path: str) -> str:
     await client.connect(socket_path)
     try:
         await client.execute("stop")
-        return str(await client.execute("human-monitor-command",
-                                        {"command-line": "info registers"}))
+        return str(
+            await client.execute("human-monitor-command", {"command-line": "info registers"})
+        )
     finally:
         await client.disconnect()
 
