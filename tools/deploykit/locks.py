@@ -31,6 +31,7 @@ def _tell_stderr(message: str) -> None:
 def out_lock(out: Path, on_wait: Callable[[str], None] = _tell_stderr) -> Iterator[None]:
     """Hold `out` exclusively for the duration; wait, saying so, while another process does."""
     out = Path(out)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     key = out.resolve()
     if key in _held:
@@ -55,5 +56,10 @@ def out_lock(out: Path, on_wait: Callable[[str], None] = _tell_stderr) -> Iterat
             yield
         finally:
             del _held[key]
+            if created:  # a command that wrote nothing (it failed first) leaves no directory
+                with contextlib.suppress(OSError):
+                    if [p.name for p in out.iterdir()] == [LOCK_NAME]:
+                        (out / LOCK_NAME).unlink()
+                        out.rmdir()
     finally:
         os.close(fd)  # releases the lock
