@@ -326,8 +326,9 @@ def monitor(board: str, *, port: str | None = None, timeout: float = 60.0,
 
 def selftest(board: str, out: Path | None = None, workspace: Path | None = None,
              timeout: float = 30.0, progress: Progress = _quiet, variant: str = "ok"):
-    """Board support + protocol check without ExecuTorch; `variant` "fault", "stack-overflow"
-    or "error" makes the firmware fail on purpose and checks the host classifies it so."""
+    """Board support + protocol check without ExecuTorch; `variant` "fault", "stack-overflow",
+    "error" or "hang" makes the firmware fail on purpose and checks the host classifies it so
+    (a hang: timed out, and on QEMU located in dk_selftest_hang_site)."""
     from .selftest import run_selftest
 
     b = load_board(board)
