@@ -10,7 +10,7 @@
  *   other conversion writes '?'. It always NUL-terminates and returns the untruncated length,
  *   as C requires.
  * - strcmp, memmove: byte loops (ExecuTorch calls them while loading, not in execute()).
- * - abort(): an `error` record (code 0x1001, as et_pal_abort) and done(1), instead of newlib's
+ * - abort(): an `error` record (DK_ERR_ABORT, as et_pal_abort) and done(1), instead of newlib's
  *   SIGABRT machinery (raise, signal, _kill).
  * - __aeabi_atexit / __cxa_atexit: the runner never returns from main() (it ends in dk_exit),
  *   so static destructors never run; registering them is dead code.
@@ -23,11 +23,12 @@
 #include <stdint.h>
 
 #include "dk_board.h"
+#include "dk_errors.h"
 #include "dk_protocol.h"
 
 namespace {
 
-constexpr uint32_t kErrAbort = 0x1001u;  // docs/protocol.md: abort
+constexpr uint32_t kErrAbort = DK_ERR_ABORT;
 
 [[noreturn]] void report_abort(const char *what) {
   dk_send_error(kErrAbort, what);

@@ -13,7 +13,7 @@ extern "C" {
 /* Check that an Ethos-U of the built type answers at DK_NPU_BASE (its ID register), initialise
  * the driver (ethosu_init with the board file's security and privilege settings and the memory
  * mode's fast arena) and enable its interrupt. Returns 0; on failure it has sent an `error`
- * record (DK_ERR_NO_NPU or DK_ERR_NPU_INIT, runner_errors.h) and returns that code. */
+ * record (DK_ERR_NO_NPU or DK_ERR_NPU_INIT, dk_errors.h) and returns that code. */
 uint32_t dk_npu_init(void);
 
 /* Nonzero while EthosUBackend::execute() runs: its temp-allocator request is the Vela scratch,

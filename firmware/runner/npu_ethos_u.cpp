@@ -36,7 +36,7 @@
 #include "dk_protocol.h"
 #include "model_config.h"
 #include "npu.h"
-#include "runner_errors.h"
+#include "dk_errors.h"
 #include "text.h"
 
 #if !defined(DK_NPU_BASE) || !defined(DK_NPU_IRQ)

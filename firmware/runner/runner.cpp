@@ -13,8 +13,8 @@
  * rendered that way (deploykit's memory_order_bytes), outputs are sent as they lie in memory
  * and the host brings them back to logical order.
  *
- * Error codes of the `error` record: ExecuTorch Error values (< 0x100), or the deploykit
- * codes of runner_errors.h.
+ * Error codes of the `error` record: ExecuTorch Error values (< 0x100), or deploykit's codes
+ * (dk_errors.h, generated from tools/deploykit/protocol/errors.yaml); the host names both.
  *
  * Ethos-U firmware (DK_ETHOS_U=1, npu_ethos_u.cpp): the NPU is checked and initialised right
  * after hello (an absent NPU is an error record and done(1), before anything runs); the temp
@@ -50,7 +50,7 @@
 #include "model_config.h"
 #include "model_io.h"
 #include "model_pte.h"
-#include "runner_errors.h"
+#include "dk_errors.h"
 #include "text.h"
 #if DK_ETHOS_U
 #include "npu.h"
@@ -173,7 +173,7 @@ size_t planned_used = 0;
 [[noreturn]] void fail_et(Error err, const char *what) {
   char buf[128];
   Text t(buf, sizeof buf);
-  t << what << ": ExecuTorch error " << static_cast<uint32_t>(err);
+  t << what << " failed";  // the host names the Error code (errors.yaml)
   fail(static_cast<uint32_t>(err), t.c_str());
 }
 
@@ -189,17 +189,19 @@ void send_memory() {
        DK_NPU_SCRATCH_SIZE},
 #endif
   };
-  dk_send_memory(entries, sizeof entries / sizeof entries[0]);
+  if (dk_send_memory(entries, sizeof entries / sizeof entries[0]) != 0)
+    fail(DK_ERR_SEND, "memory record refused by the encoder");
 }
 
-/* A pool ran out: name it and say how much was asked for. */
-[[noreturn]] void fail_pool(const char *pool, size_t capacity, size_t request) {
+/* A pool ran out: its own code (the host reads the pool from it), and a message that says how
+ * much was asked for. */
+[[noreturn]] void fail_pool(uint32_t code, const char *pool, size_t capacity, size_t request) {
   char buf[160];
   Text t(buf, sizeof buf);
   t << pool << " too small: " << static_cast<uint32_t>(capacity) << " B, a request for "
     << static_cast<uint32_t>(request) << " B did not fit";
   send_memory();
-  fail(DK_ERR_POOL, t.c_str(), DK_STATUS_POOL_TOO_SMALL);
+  fail(code, t.c_str(), DK_STATUS_POOL_TOO_SMALL);
 }
 
 /* ---- inputs and outputs ---- */
@@ -254,10 +256,11 @@ void send_outputs(const Method &method, size_t set) {
     const Tensor &t = v.toTensor();
     if (!protocol_dtype(t.scalar_type()) || t.dim() > 255)
       fail(DK_ERR_OUTPUT_DTYPE, "output dtype or rank the protocol cannot carry");
-    dk_send_tensor(static_cast<uint16_t>(set * method.outputs_size() + i),
-                   static_cast<uint8_t>(t.scalar_type()),
-                   static_cast<uint8_t>(t.dim()), t.sizes().data(), 0.0f, 0, t.const_data_ptr(),
-                   static_cast<uint32_t>(t.nbytes()));
+    if (dk_send_tensor(static_cast<uint16_t>(set * method.outputs_size() + i),
+                       static_cast<uint8_t>(t.scalar_type()), static_cast<uint8_t>(t.dim()),
+                       t.sizes().data(), 0.0f, 0, t.const_data_ptr(),
+                       static_cast<uint32_t>(t.nbytes())) != 0)
+      fail(DK_ERR_SEND, "tensor record refused by the encoder");
   }
 }
 
@@ -298,6 +301,15 @@ void check_backends(const MethodMeta &meta) {
     fail(DK_ERR_NO_BACKEND, t.c_str());
   }
 }
+
+#if DK_RUNNER_HANG
+/* The hang variant (-DDK_RUNNER_HANG=ON), which tests that the host locates a hang: it spins
+ * here instead of running the method. A function of its own, so that it has a name. */
+__attribute__((noinline)) void dk_runner_hang_site() {
+  static volatile uint32_t spins;
+  for (;;) spins = spins + 1u;
+}
+#endif
 
 }  // namespace
 
@@ -366,7 +378,7 @@ int main(void) {
     Text t(buf, sizeof buf);
     t << "model_config.h plans " << static_cast<uint32_t>(kPlannedCount)
       << " buffers, the program has " << static_cast<uint32_t>(n_planned);
-    fail(DK_ERR_POOL, t.c_str(), DK_STATUS_POOL_TOO_SMALL);
+    fail(DK_ERR_PLANNED_COUNT, t.c_str());
   }
   static Span<uint8_t> spans[kPlannedCount > 0 ? kPlannedCount : 1];
   size_t offset = 0;
@@ -376,7 +388,7 @@ int main(void) {
       char buf[32];
       Text t(buf, sizeof buf);
       t << "planned_pool[" << static_cast<uint32_t>(i) << "]";
-      fail_pool(t.c_str(), kPlannedSizes[i], static_cast<size_t>(need));
+      fail_pool(DK_ERR_PLANNED_POOL, t.c_str(), kPlannedSizes[i], static_cast<size_t>(need));
     }
     spans[i] = Span<uint8_t>(planned_pool + offset, kPlannedSizes[i]);
     offset += (kPlannedSizes[i] + 15u) & ~size_t(15u);
@@ -392,7 +404,7 @@ int main(void) {
 #endif
   if (!method.ok()) {
     if (method_allocator.failed_request() != 0)
-      fail_pool("method_pool", DK_METHOD_POOL_SIZE, method_allocator.failed_request());
+      fail_pool(DK_ERR_METHOD_POOL, "method_pool", DK_METHOD_POOL_SIZE, method_allocator.failed_request());
     fail_et(method.error(), "load_method");
   }
 
@@ -401,6 +413,9 @@ int main(void) {
 #if DK_PROFILE_EVENTS
   uint64_t tracer_ticks = 0;
   uint32_t tracer_events = 0;
+#endif
+#if DK_RUNNER_HANG
+  dk_runner_hang_site();
 #endif
   for (size_t set = 0; set < DK_NUM_INPUT_SETS; ++set) {
     set_inputs(*method, *meta, set);
@@ -417,7 +432,7 @@ int main(void) {
 #endif
     if (err != Error::Ok) {
       if (temp_allocator.failed_request() != 0)
-        fail_pool("temp_pool", kTempPoolBytes, temp_allocator.failed_request());
+        fail_pool(DK_ERR_TEMP_POOL, "temp_pool", kTempPoolBytes, temp_allocator.failed_request());
 #if DK_ETHOS_U
       if (dk_npu_failure()[0] != '\0') fail(DK_ERR_NPU_RUN, dk_npu_failure());
 #endif

@@ -37,8 +37,10 @@
  *
  * Fault variants (CMake -DDK_SELFTEST_FAULT=n): after hello and a log record it faults instead
  * of computing, and the board's fault handler sends log + fault + done(status 2) and exits 2.
- *   3: no fault: an error record (code 0x1001) and done(status 1), exit 1, as the runner does
+ *   3: no fault: an error record (DK_ERR_SELFTEST) and done(status 1), exit 1, as the runner does
  *      when ExecuTorch fails.
+ *   4: no fault: loops forever in dk_selftest_hang_site; the host's time limit ends the run,
+ *      and on QEMU the host names the function it hung in.
  *   1: executes UDF at dk_selftest_fault_site: UsageFault, CFSR.UNDEFINSTR (0x00010000),
  *      fault.pc == address of the ELF symbol dk_selftest_fault_site with the Thumb bit cleared.
  *   2: unbounded recursion overflows the main stack: on Armv8-M Mainline (M33, M55) the stack
@@ -51,6 +53,7 @@
 
 #include "board_config.h"
 #include "dk_board.h"
+#include "dk_errors.h"
 #include "dk_protocol.h"
 
 #ifndef DK_SELFTEST_FAULT
@@ -60,7 +63,6 @@
 #define DK_SELFTEST_BUILD_TYPE "unknown"
 #endif
 
-#define SELFTEST_ERROR_CODE 0x1001u
 #define SELFTEST_LCG_SEED 0x2545F491u
 #define SELFTEST_LCG_MUL 1664525u
 #define SELFTEST_LCG_ADD 1013904223u
@@ -127,7 +129,21 @@ __attribute__((noinline)) static uint32_t recurse(uint32_t depth) {
   if (depth >= recursion_limit) return frame[0];
   return recurse(depth + 1u) + frame[depth % 32u];
 }
+#elif DK_SELFTEST_FAULT == 4
+/* The hang variant's endless loop, a function of its own so that the host can name where the
+ * run hangs (a volatile counter keeps the loop). */
+__attribute__((noinline)) void dk_selftest_hang_site(void) {
+  static volatile uint32_t spins;
+  for (;;) spins++;
+}
 #endif
+
+/* The encoder refused a record (a defect of this file): say so instead of a silent gap. */
+static void send_failed(const char *record) {
+  dk_send_error(DK_ERR_SEND, record);
+  dk_send_done(DK_STATUS_ET_ERROR);
+  dk_exit(DK_STATUS_ET_ERROR);
+}
 
 int main(void) {
   dk_board_init(); /* already done by the reset handler; harmless */
@@ -149,9 +165,12 @@ int main(void) {
   (void)recurse(0u);
 #elif DK_SELFTEST_FAULT == 3
   /* A device-side error, as the runner reports an ExecuTorch failure: error + done(1). */
-  dk_send_error(SELFTEST_ERROR_CODE, "selftest: deliberate error record");
+  dk_send_error(DK_ERR_SELFTEST, "selftest: deliberate error record");
   dk_send_done(DK_STATUS_ET_ERROR);
   dk_exit(DK_STATUS_ET_ERROR);
+#elif DK_SELFTEST_FAULT == 4
+  dk_send_log("selftest: hanging in dk_selftest_hang_site");
+  dk_selftest_hang_site();
 #endif
 
   make_inputs();
@@ -166,8 +185,10 @@ int main(void) {
 
   const int32_t c_sizes[2] = {SELFTEST_M, SELFTEST_N};
   const int32_t y_sizes[1] = {SELFTEST_L};
-  (void)dk_send_tensor(0, DK_DTYPE_INT32, 2, c_sizes, 0.0f, 0, mat_c, (uint32_t)sizeof mat_c);
-  (void)dk_send_tensor(1, DK_DTYPE_FLOAT32, 1, y_sizes, 0.0f, 0, vec_y, (uint32_t)sizeof vec_y);
+  if (dk_send_tensor(0, DK_DTYPE_INT32, 2, c_sizes, 0.0f, 0, mat_c, (uint32_t)sizeof mat_c) != 0)
+    send_failed("tensor 0");
+  if (dk_send_tensor(1, DK_DTYPE_FLOAT32, 1, y_sizes, 0.0f, 0, vec_y, (uint32_t)sizeof vec_y) != 0)
+    send_failed("tensor 1");
 
   dk_send_timing(ticks, dk_tick_hz(), SELFTEST_ITERATIONS, DK_INSTRUCTIONS_UNKNOWN);
 
@@ -175,7 +196,7 @@ int main(void) {
       {"stack", (uint32_t)dk_stack_used(), (uint32_t)dk_stack_size()},
       {"heap", (uint32_t)dk_heap_used(), (uint32_t)dk_heap_size()},
   };
-  (void)dk_send_memory(mem, 2);
+  if (dk_send_memory(mem, 2) != 0) send_failed("memory");
 
   dk_send_done(DK_STATUS_OK);
   dk_exit(DK_STATUS_OK);

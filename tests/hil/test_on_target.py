@@ -7,6 +7,7 @@
 import numpy as np
 import pytest
 
+from deploykit.protocol.error_codes import BY_NAME as CODES_BY_NAME
 from deploykit.pytest_plugin import ExpectError
 
 
@@ -43,5 +44,5 @@ def test_an_error_record_closes_the_run(deployed):
     run = deployed(firmware="selftest", variant="error")
     assert run.report.passed, run.report.summary()
     error = run.expect("error")
-    assert error.code == 0x1001 and "deliberate" in error.message
+    assert error.code == CODES_BY_NAME["SELFTEST"].code and "deliberate" in error.message
     assert run.expect("done").status == 1

@@ -13,8 +13,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import executorch  # noqa: F401  (a hard dependency: a broken install fails here)
 import numpy as np
-import pytest
+import torch
 
 from deploykit.boards import load_board
 from deploykit.families import family_of
@@ -24,9 +25,6 @@ from deploykit.profiles import resolve_profile
 from deploykit.render import ModelSources, render_board_files, render_model_files
 from deploykit.sources import load_workspace
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("executorch")
 
 # (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override): torch's defaults,
 # the LRN's channel window, ceil_mode's clipped last window, padding excluded, an override.

@@ -21,6 +21,8 @@ import json
 import os
 from pathlib import Path
 
+import ethosu.vela  # noqa: F401
+import executorch  # noqa: F401  (a hard dependency: a broken install fails here)
 import pytest
 
 from deploykit import api
@@ -39,9 +41,6 @@ from tests.markers import (
     requires_sources,
     requires_toolchain,
 )
-
-pytest.importorskip("executorch")
-pytest.importorskip("ethosu.vela")
 
 REPO = Path(__file__).resolve().parents[2]
 QDQ = {"cortex_m::quantize_per_tensor.out", "cortex_m::dequantize_per_tensor.out"}

@@ -6,7 +6,10 @@ import json
 import textwrap
 from pathlib import Path
 
+import executorch  # noqa: F401  (a hard dependency: a broken install fails here)
+import numpy as np
 import pytest
+import torch
 
 from deploykit.errors import ConfigError, ExitCode, ExportError
 from deploykit.export import (
@@ -20,10 +23,6 @@ from deploykit.models import load_model
 from deploykit.pte_reader import read_pte_info
 
 REPO = Path(__file__).resolve().parents[2]
-
-np = pytest.importorskip("numpy")
-torch = pytest.importorskip("torch")
-pytest.importorskip("executorch")
 
 EXPECTED_OPS = {
     ("mlp_mnist", "portable_fp32"): {"aten::addmm.out", "aten::relu.out"},

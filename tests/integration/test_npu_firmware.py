@@ -24,6 +24,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import ethosu.vela  # noqa: F401
+import executorch  # noqa: F401  (a hard dependency: a broken install fails here)
 import pytest
 import yaml
 
@@ -38,9 +40,6 @@ from tests.markers import (
     requires_sources,
     requires_toolchain,
 )
-
-pytest.importorskip("executorch")
-pytest.importorskip("ethosu.vela")
 
 REPO = Path(__file__).resolve().parents[2]
 ERR_NO_BACKEND, ERR_NO_NPU = 0x1006, 0x1007

@@ -1,6 +1,7 @@
 """Bad input gets one paragraph naming the cause and the next step, and no traceback."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -70,5 +71,12 @@ def test_help_explains_every_command(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    for cmd in ("boards", "doctor", "setup", "export", "inspect", "build", "run", "selftest"):
-        assert cmd in out
+    # The command list, not the epilog (whose examples name most commands too): each command
+    # on a line of its own, with its one-line summary.
+    listing = out.split("positional arguments:", 1)[1].split("\noptions:", 1)[0]
+    listed = dict(re.findall(r"^    ([a-z]+) +(\S.*)$", listing, re.M))
+    for cmd in ("boards", "profiles", "doctor", "setup", "export", "inspect", "plan", "build",
+                "run", "flash", "monitor", "selftest"):
+        assert cmd in listed, f"{cmd} is not in the command list of --help"
+        assert len(listed[cmd]) > 15, listed[cmd]
+    assert listed["run"].startswith("build, run on the board's simulator")

@@ -296,7 +296,6 @@ def test_fvp_device_error_is_reported_as_such(fake_fvp, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_u85(tmp_path_factory):
-    pytest.importorskip("executorch")
     from deploykit.export import export
     from deploykit.models import load_model
 

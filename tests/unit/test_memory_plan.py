@@ -23,7 +23,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def mlp_fp32(tmp_path_factory):
-    pytest.importorskip("executorch")
     from deploykit import api
 
     out = tmp_path_factory.mktemp("mlp-fp32")
@@ -32,7 +31,6 @@ def mlp_fp32(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_int8(tmp_path_factory):
-    pytest.importorskip("executorch")
     from deploykit import api
 
     out = tmp_path_factory.mktemp("tiny-int8")

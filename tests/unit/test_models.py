@@ -8,13 +8,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from deploykit.errors import ConfigError, ExitCode
 from deploykit.models import list_models, load_model, resolve_model_path
 
 REPO = Path(__file__).resolve().parents[2]
-
-torch = pytest.importorskip("torch")
 
 # Bundled model -> the shape of its output.
 OUTPUT_SHAPES = {"mlp_mnist": (1, 10), "tiny_cnn": (1, 10), "gru_kws": (1, 12),

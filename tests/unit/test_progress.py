@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import re
 
-import pytest
-
 from deploykit.progress import ProgressDisplay
 
 
@@ -44,7 +42,6 @@ def test_ci_is_never_live(monkeypatch):
 
 
 def test_live_line_keeps_each_finished_step_once():
-    pytest.importorskip("rich")
     out = io.StringIO()
     p = ProgressDisplay(stream=out, live=True)
     p("exporting tiny_cnn (log: x)")

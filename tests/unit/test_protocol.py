@@ -36,6 +36,7 @@ from deploykit.protocol import (
     Timing,
     decode,
 )
+from deploykit.protocol.error_codes import CODES
 from tests.protocol_encoder import StreamEncoder, encode_record, tensor_payloads, timing_payload
 
 # DK_FUZZ_EXAMPLES=5000 for a deep run; the default keeps the file under a few seconds.
@@ -256,7 +257,10 @@ def test_outcome_classes():
     assert _outcome(e.hello(**HELLO) + e.error(20, "Operator missing") + e.done(1)
                     ).exit_code == ExitCode.DEVICE_ERROR
     e = StreamEncoder()
-    o = _outcome(e.hello(**HELLO) + e.error(3, "planned_pool too small") + e.done(3))
+    o = _outcome(e.hello(**HELLO) + e.error(0x100B, "planned_pool[0] too small") + e.done(3))
+    assert o.exit_code == ExitCode.MEMORY and "rebuild" in o.hint
+    e = StreamEncoder()
+    o = _outcome(e.hello(**HELLO) + e.error(0x4242, "a pool too small") + e.done(3))
     assert o.exit_code == ExitCode.DEVICE_ERROR and "pool" in o.hint
     e = StreamEncoder()
     assert _outcome(e.hello(**HELLO) + e.done(1)).exit_code == ExitCode.DEVICE_ERROR
@@ -500,8 +504,10 @@ def test_round_trip_with_clean_noise_and_any_chunking(stream, noise, chunks):
     assert s.noise_bytes == len(data) - sum(len(f) for f in frames)
     assert s.frames_accepted == len(frames)
     run_ = RunRecords.build(dec.records, s)
+    known = [CODES[e.code] for e in run_.errors if e.code in CODES]  # errors.yaml's classes
     assert run_.outcome().exit_code == (
         ExitCode.FAULT if run_.fault else
+        ExitCode[known[0].exit_class] if known else
         ExitCode.DEVICE_ERROR if run_.errors or run_.done.status else ExitCode.OK)
 
 
@@ -692,5 +698,5 @@ def test_no_npu_error_says_what_to_do():
                                                         "read 0x00000000") + enc.done(1))
     outcome = run_.outcome()
     assert outcome.exit_code == ExitCode.DEVICE_ERROR
-    assert "code 4103: no Ethos-U at 0x58102000" in outcome.cause
+    assert "DK_ERR_NO_NPU (0x1007): no Ethos-U at 0x58102000" in outcome.cause
     assert "FVP" in outcome.hint and "--flow cortex_m_int8" in outcome.hint

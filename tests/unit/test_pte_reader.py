@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import executorch  # noqa: F401  (a hard dependency: a broken install fails here)
 import pytest
+import torch
 
 from deploykit.errors import ConfigError
 from deploykit.inspect_pte import inspect_pte
 from deploykit.pte_reader import load_program, method_plan, read_pte_info
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("executorch")
 
 
 @pytest.fixture(scope="module")

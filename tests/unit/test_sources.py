@@ -1,7 +1,11 @@
 """The source override: a real local git repository, archived into a real workspace."""
 
 import json
+import os
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -102,16 +106,56 @@ def test_missing_workspace_says_how_to_set_up(tmp_path):
     assert "deploykit setup" in exc.value.hint
 
 
+def _stand_in_west(bin_dir: Path, calls: Path) -> None:
+    """A `west` that fails to fetch as it does without GitHub, whatever the network is."""
+    bin_dir.mkdir()
+    west = bin_dir / "west"
+    west.write_text(f"""#!/bin/sh
+echo "$@" >> {calls}
+case "$1" in
+  init) mkdir -p .west; exit 0 ;;
+  update) echo "fatal: unable to access 'https://github.com/google/flatbuffers/': Could not \
+resolve host: github.com" >&2; exit 1 ;;
+esac
+exit 2
+""")
+    west.chmod(0o755)
+
+
 def test_without_network_setup_prints_the_override_instructions(tmp_path, upstream,
                                                                 monkeypatch):
-    # Only executorch is given locally; the others need west, which cannot reach GitHub here
-    # (or is absent). Either way the error lists the --source lines to use.
-    monkeypatch.setenv("GIT_TERMINAL_PROMPT", "0")
+    # Only executorch is given locally; the others need west, whose fetch fails as it does
+    # without GitHub (a stand-in, so the test does not depend on the network). The error
+    # lists the --source lines to use.
+    bin_dir, calls = tmp_path / "bin", tmp_path / "west-calls"
+    _stand_in_west(bin_dir, calls)
+    # deploykit looks for west beside its Python first, then on PATH: the stand-in is both.
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python3"))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     repo, commit = upstream["executorch"]
     with pytest.raises(EnvironmentProblem) as exc:
         sources.setup(tmp_path / "ws", [SourceOverride("executorch", repo, commit)],
                       progress=lambda _m: None)
+    assert "west update` could not fetch" in exc.value.cause and "flatbuffers" in exc.value.cause
     assert "--source flatbuffers=PATH@595bf0007ab1929570c7671f091313c8fc20644e" in exc.value.hint
+    assert "Could not resolve host" in Path(exc.value.log_path).read_text()
+    assert calls.read_text().splitlines()[-1].startswith("update --narrow")
+
+
+def test_without_west_setup_says_how_to_install_it(tmp_path, upstream, monkeypatch):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setattr(sys, "executable", str(empty / "python3"))
+    git_dir = Path(shutil.which("git")).parent
+    if (git_dir / "west").exists():
+        pytest.skip(f"west is installed beside git ({git_dir}): cannot hide it from PATH")
+    monkeypatch.setenv("PATH", f"{empty}{os.pathsep}{git_dir}")
+    repo, commit = upstream["executorch"]
+    with pytest.raises(EnvironmentProblem) as exc:
+        sources.setup(tmp_path / "ws", [SourceOverride("executorch", repo, commit)],
+                      progress=lambda _m: None)
+    assert "west is not installed" in exc.value.cause and "pip install west" in exc.value.hint
+    assert "--source flatbuffers=PATH@" in exc.value.hint
 
 
 def _ws_with_driver(tmp_path, upstream, driver_files, tag=None, rev=None):

@@ -18,6 +18,7 @@ from .errors import ConfigError
 from .families import family_of
 from .flows import get_flow
 from .inspect_pte import ProgramInfo, inspect_pte
+from .locks import out_lock
 from .npu import npu_config, with_npu_overrides
 from .profiles import BuildProfile, resolve_profile
 from .sources import SourceOverride, Workspace
@@ -230,8 +231,10 @@ def export(board: str, model: str, flow: str | None = None, out: Path | None = N
     from .pipeline import export_stage
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
-    return export_stage(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                        progress, profile=_profile(b, profile, strict))
+    out = out or default_out(board, model)
+    with out_lock(out):
+        return export_stage(b, model, resolve_flow(b, flow), out, progress,
+                            profile=_profile(b, profile, strict))
 
 
 def describe_export(result) -> str:
@@ -254,8 +257,10 @@ def plan(board: str, model: str | None = None, flow: str | None = None, out: Pat
                           "Give --model NAME (exported first) or --pte FILE.pte.")
     if pte is not None:
         return plan_pte(b, Path(pte), out, progress, profile=_profile(b, profile, strict))
-    return plan_stage(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                      progress, profile=_profile(b, profile, strict))
+    out = out or default_out(board, model)
+    with out_lock(out):
+        return plan_stage(b, model, resolve_flow(b, flow), out, progress,
+                          profile=_profile(b, profile, strict))
 
 
 def build(board: str, model: str, flow: str | None = None, out: Path | None = None,
@@ -268,8 +273,10 @@ def build(board: str, model: str, flow: str | None = None, out: Path | None = No
     from .pipeline import build_firmware
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
-    return build_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                          workspace, progress, profile=_profile(b, profile, strict), fit=fit)
+    out = out or default_out(board, model)
+    with out_lock(out):
+        return build_firmware(b, model, resolve_flow(b, flow), out, workspace, progress,
+                              profile=_profile(b, profile, strict), fit=fit)
 
 
 def run(board: str, model: str, flow: str | None = None, out: Path | None = None,
@@ -291,10 +298,12 @@ def run(board: str, model: str, flow: str | None = None, out: Path | None = None
     tolerance = None
     if atol is not None or rtol is not None:
         tolerance = Tolerance(atol=atol or 0.0, rtol=rtol or 0.0)
-    return run_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                        workspace, timeout, progress,
-                        runner_options=runner_options, inputs_dir=inputs,
-                        profile=_profile(b, profile, strict), fit=fit, tolerance=tolerance)
+    out = out or default_out(board, model)
+    with out_lock(out):
+        return run_firmware(b, model, resolve_flow(b, flow), out, workspace, timeout, progress,
+                            runner_options=runner_options, inputs_dir=inputs,
+                            profile=_profile(b, profile, strict), fit=fit,
+                            tolerance=tolerance)
 
 
 def profile(board: str, model: str, flow: str | None = None, out: Path | None = None,
@@ -309,9 +318,10 @@ def profile(board: str, model: str, flow: str | None = None, out: Path | None = 
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
     runner_class(b).check_options(b.name, runner_options or {})  # before the slow build
-    return profile_model(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                         workspace, timeout, progress, runner_options,
-                         build_profile=resolve_profile(b, profile), fit=fit)
+    out = out or default_out(board, model)
+    with out_lock(out):
+        return profile_model(b, model, resolve_flow(b, flow), out, workspace, timeout, progress,
+                             runner_options, build_profile=resolve_profile(b, profile), fit=fit)
 
 
 def debug_intermediates(board: str, model: str, flow: str | None = None,
@@ -328,9 +338,11 @@ def debug_intermediates(board: str, model: str, flow: str | None = None,
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
     runner_class(b).check_options(b.name, runner_options or {})
-    return debug(b, model, resolve_flow(b, flow), out or default_out(board, model), workspace,
-                 timeout, progress, runner_options, build_profile=resolve_profile(b, profile),
-                 fit=fit, atol=atol, rtol=rtol)
+    out = out or default_out(board, model)
+    with out_lock(out):
+        return debug(b, model, resolve_flow(b, flow), out, workspace, timeout, progress,
+                     runner_options, build_profile=resolve_profile(b, profile), fit=fit,
+                     atol=atol, rtol=rtol)
 
 
 def flash(board: str, *, model: str | None = None, image: Path | None = None,
@@ -383,13 +395,15 @@ def monitor(board: str, *, port: str | None = None, timeout: float = 60.0,
 
 def selftest(board: str, out: Path | None = None, workspace: Path | None = None,
              timeout: float = 30.0, progress: Progress = _quiet, variant: str = "ok"):
-    """Board support + protocol check without ExecuTorch; `variant` "fault", "stack-overflow"
-    or "error" makes the firmware fail on purpose and checks the host classifies it so."""
+    """Board support + protocol check without ExecuTorch; `variant` "fault", "stack-overflow",
+    "error" or "hang" makes the firmware fail on purpose and checks the host classifies it so
+    (a hang: timed out, and on QEMU located in dk_selftest_hang_site)."""
     from .selftest import run_selftest
 
     b = load_board(board)
-    return run_selftest(b, out or default_out(board, f"selftest-{variant}"), timeout, progress,
-                        variant)
+    out = out or default_out(board, f"selftest-{variant}")
+    with out_lock(out):
+        return run_selftest(b, out, timeout, progress, variant)
 
 
 def farm_status(coordinator: str | None = None):

@@ -279,9 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "(no `deploykit setup` needed).")
     _common(p, model=False, out_default="build/<board>/selftest-<variant>")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
-    p.add_argument("--variant", choices=["ok", "fault", "stack-overflow", "error"],
-                   default="ok", help="make the firmware fault or report an error on purpose, "
-                   "and check that the host classifies the run exactly so (default ok)")
+    p.add_argument("--variant", choices=["ok", "fault", "stack-overflow", "error", "hang"],
+                   default="ok", help="make the firmware fault, report an error or hang on "
+                   "purpose, and check that the host classifies the run exactly so (a hang: "
+                   "times out, and on QEMU names the function it hung in) (default ok)")
     _farm_parser(sub)
     return parser
 

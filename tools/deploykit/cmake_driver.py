@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .doctor import require_tools
 from .errors import BuildError
+from .runners.process import kill_group
 
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
 
@@ -36,16 +37,23 @@ def _run_logged(cmd: list[str], log: Path, what: str,
     with log.open("a") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # A session of its own, so that an interrupted deploykit stops CMake, ninja and the
+        # compilers they run, whoever sent the signal (runners/process.py: kill_group).
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
         assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
-            m = _NINJA_PROGRESS.match(line)
-            now = time.monotonic()
-            if progress and m and (now - last_report > 2.0 or m.group(1) == m.group(2)):
-                progress(f"{what}: {m.group(1)}/{m.group(2)}")
-                last_report = now
-        rc = proc.wait()
+        try:
+            for line in proc.stdout:
+                out.write(line)
+                m = _NINJA_PROGRESS.match(line)
+                now = time.monotonic()
+                if progress and m and (now - last_report > 2.0 or m.group(1) == m.group(2)):
+                    progress(f"{what}: {m.group(1)}/{m.group(2)}")
+                    last_report = now
+            rc = proc.wait()
+        except BaseException:
+            kill_group(proc, interrupt_first=True)
+            raise
     if rc != 0:
         raise BuildError(f"{what} failed (exit {rc}). Last lines:\n{_tail(log)}",
                          "Fix the error above; the full log has every command.",
@@ -72,6 +80,9 @@ def cmake_build(source_dir: Path, build_dir: Path, definitions: dict[str, str],
             or stamp.read_text() != "\n".join(args):
         if progress:
             progress(f"configuring {source_dir.name} in {build_dir}")
+        # No stamp while configuring: an interrupted configure leaves a cache that matches
+        # neither the old arguments nor the new ones, and must not be trusted.
+        stamp.unlink(missing_ok=True)
         _run_logged(["cmake", "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
                      *args], log, "CMake configure", progress)
         stamp.write_text("\n".join(args))

@@ -58,6 +58,9 @@ WARN_MIN_EXCESS = 64
 MEASURE_FACTOR = 4
 MEASURE_MIN = 64 * 1024
 MEASURE_ATTEMPTS = 3
+# The pools a measurement run doubles when the device reports them too small (the planned
+# buffers' sizes come from the .pte, not from a guess).
+MEASURED_POOLS = ("method_pool", "temp_pool")
 POOLS = ("method_pool", "temp_pool", "planned_pool", "stack", "heap")
 
 
@@ -313,7 +316,7 @@ def measure(board: Board, program: ProgramInfo, flow: str, key: str,
                                      measured_on=measured_on, extra_stack=extra_stack)
             return dataclasses.replace(record, parity=result.parity)
         pool = result.pool_too_small
-        if pool in ("method_pool", "temp_pool") and attempt < MEASURE_ATTEMPTS:
+        if pool in MEASURED_POOLS and attempt < MEASURE_ATTEMPTS:
             sizing = dataclasses.replace(sizing, **{pool: 2 * getattr(sizing, pool)})
             continue
         raise MemoryPlanError(f"The measurement run failed: {result.failure}",
@@ -339,10 +342,3 @@ def check_peaks(memory: Mapping[str, tuple[int, int]]) -> tuple[list[str], list[
     return failures, warnings
 
 
-def pool_named_in(messages: list[str]) -> str | None:
-    """The pool a runner error message names ("method_pool too small: ...")."""
-    for m in messages:
-        for name in POOLS:
-            if m.startswith(name):
-                return name
-    return None

@@ -45,6 +45,7 @@ from .models import load_model, resolve_model_path
 from .plan import MemoryPlan, Sizing, plan_memory
 from .profiles import BuildProfile, resolve_profile
 from .protocol import RunRecords
+from .protocol.outcome import pool_too_small
 from .proxy import MeasureTarget, measure_target, measurement_dirs
 from .render import ModelSources, render_board_files, render_model_files
 from .run_report import (
@@ -428,8 +429,7 @@ def _measure(board: Board, flow: str, out: Path, planned: PlannedModel,
                       f"{verdict.max_abs_error:.3g})")
             progress(parity)
             return fitting.MeasureAttempt(memory, hello, parity=parity)
-        pool = fitting.pool_named_in([e.message for e in records.errors])
-        return fitting.MeasureAttempt(memory, hello, outcome.cause, pool)
+        return fitting.MeasureAttempt(memory, hello, outcome.cause, pool_too_small(records))
 
     record = fitting.measure(board, program, flow, planned.fit_key, planned.fit_options,
                              fitting.measurement_sizing(board, program, headroom),
@@ -534,11 +534,12 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
     warnings += _fit_warnings(built.planned, records)
     if not outcome.ok:
         exit_code, cause = outcome.exit_code, outcome.cause
-        if records.done is not None and records.done.status == 3:  # a pool too small
-            exit_code = ExitCode.MEMORY
+        if pool_too_small(records) in fitting.MEASURED_POOLS:
             cause += (" The pools were " + ("measured (fit.json)" if built.planned.fit
                                             else "estimated") + "; deploykit run --fit "
                       "measures the model with generous pools and links it at peak + margin.")
+        elif outcome.hint:
+            cause += " " + outcome.hint
     elif failures:
         exit_code, cause = ExitCode.MEMORY, "; ".join(failures)
     elif not verdict.passed:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,25 @@ def _environment() -> Environment:
     env.filters["hex"] = lambda n: f"0x{int(n):08X}"
     env.filters["c_bytes"] = _c_bytes
     env.filters["c_string"] = lambda s: json.dumps(str(s))
+    env.filters["pyrepr"] = _py_literal
     return env
+
+
+def _py_literal(value: Any, column: int = 8, indent: int = 8, width: int = 100) -> str:
+    """A Python literal starting at `column` of a line indented by `indent`, laid out as ruff
+    format leaves it: a string too long for the line goes in parentheses, split into one
+    piece per line when it does not fit on one line there either."""
+    if not isinstance(value, str):
+        return repr(value)
+    literal = json.dumps(value)
+    if column + len(literal) + 1 <= width:  # + the trailing comma
+        return literal
+    pad = " " * (indent + 4)
+    if len(pad) + len(literal) <= width:
+        return f"(\n{pad}{literal}\n{' ' * indent})"
+    pieces = textwrap.wrap(value, width - len(pad) - 8, drop_whitespace=False)
+    body = "\n".join(pad + json.dumps(p) for p in pieces)
+    return f"(\n{body}\n{' ' * indent})"
 
 
 def _c_bytes(data: bytes, per_line: int = 16) -> str:
@@ -80,6 +99,14 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(type(value))
+
+
+def render_text(template_name: str, context: dict[str, Any]) -> str:
+    """One template rendered with its input hash in the header (`input_hash`, `template_name`)."""
+    env = _environment()
+    source, _, _ = env.loader.get_source(env, template_name)
+    return env.get_template(template_name).render(
+        **context, input_hash=_hash_inputs(source, context), template_name=template_name)
 
 
 def _render_all(names: Sequence[str], context: dict[str, Any], out_dir: Path) -> GeneratedSources:

@@ -53,6 +53,7 @@ class SelftestReport:
     stack_used: int | None = None
     wall_seconds: float = 0.0
     records: RunRecords | None = field(default=None, repr=False, metadata={"json": False})
+    hang: str | None = None  # the hang variant: where the CPU was when the limit expired
 
     def summary(self) -> str:
         verdict = "PASS" if self.passed else "FAIL"
@@ -64,6 +65,8 @@ class SelftestReport:
                             if self.instructions_estimate else ""))
         if self.stack_used is not None:
             lines.append(f"  stack high-water {self.stack_used:,} B")
+        if self.hang:
+            lines.append(f"  {self.hang}")
         lines += [f"  problem: {p}" for p in self.problems]
         return "\n".join(lines)
 
@@ -71,7 +74,8 @@ class SelftestReport:
 # Self-test variants: what the firmware does on purpose (DK_SELFTEST_FAULT), and the run
 # outcome that proves the whole path reports it.
 VARIANTS = {"ok": (0, ExitCode.OK), "fault": (1, ExitCode.FAULT),
-            "stack-overflow": (2, ExitCode.FAULT), "error": (3, ExitCode.DEVICE_ERROR)}
+            "stack-overflow": (2, ExitCode.FAULT), "error": (3, ExitCode.DEVICE_ERROR),
+            "hang": (4, ExitCode.TIMEOUT)}
 
 
 def run_selftest(board: Board, out: Path, timeout: float, progress: Callable[[str], None],
@@ -127,10 +131,15 @@ def _deliberate_failure_report(board: Board, fw: Firmware, result: RunResult,
         if site is not None and fault.registers["pc"] != site:
             problems.append(f"fault pc 0x{fault.registers['pc']:08x} is not the fault site "
                             f"0x{site:08x}")
+    if expected == ExitCode.TIMEOUT and result.runner == "QEMU" and (
+            "dk_selftest_hang_site" not in (result.hang or "")):
+        # QEMU is asked where the CPU is when the limit expires (runners/hang.py).
+        problems.append(f"the hang was not located in dk_selftest_hang_site: "
+                        f"{result.hang or '; '.join(result.notes) or 'no location'}")
     return SelftestReport(
         board=board.name, firmware=fw, passed=not problems,
         exit_code=ExitCode.MISMATCH if problems else ExitCode.OK, problems=problems,
-        wall_seconds=result.wall_seconds, records=result.records)
+        wall_seconds=result.wall_seconds, records=result.records, hang=result.hang)
 
 
 def _symbol_address(elf: Path, name: str) -> int | None:

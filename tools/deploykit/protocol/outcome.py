@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from deploykit.errors import ExitCode, RunError
-from deploykit.protocol.records import ERR_NO_BACKEND, ERR_NO_NPU, DoneStatus
+from deploykit.protocol.error_codes import CODES, label
+from deploykit.protocol.records import DoneStatus
 
 if TYPE_CHECKING:  # a type only: the decoder imports this module to classify its RunRecords
     from deploykit.protocol.decoder import RunRecords
@@ -58,24 +59,7 @@ def classify(run: RunRecords, *, timed_out: bool = False, how: str | None = None
         return Outcome(ExitCode.FAULT, f"The device faulted: {run.fault.describe()}.",
                        "Look up pc in the ELF: arm-none-eabi-addr2line -e <elf> <pc>.")
     if run.errors or (run.done is not None and run.done.status != 0):
-        msgs = "; ".join(f"code {e.code}: {e.message}" for e in run.errors[:3])
-        status = f"done status {run.done.status}" if run.done else "no done"
-        if run.done is not None and run.done.status == DoneStatus.POOL_TOO_SMALL:
-            hint = "A memory pool is too small; enlarge it in the memory plan."
-        elif run.done is not None and run.done.status == DoneStatus.FAULT:
-            hint = "done reports a fault but no fault record arrived."
-        elif any(e.code == ERR_NO_NPU for e in run.errors):
-            hint = ("This firmware drives an Ethos-U NPU, and none answers where the board file "
-                    "says (npu.base): run it on the board's FVP or a Corstone board, or build "
-                    "the CPU-only flow (--flow cortex_m_int8) for this simulator.")
-        elif any(e.code == ERR_NO_BACKEND for e in run.errors):
-            hint = ("The program was exported for a delegate this firmware does not link: "
-                    "build and export with the same flow.")
-        else:
-            hint = "See the device's error records."
-        return Outcome(ExitCode.DEVICE_ERROR,
-                       f"The device reported an error ({status}"
-                       + (f"; {msgs}" if msgs else "") + ").", hint)
+        return _device_error(run)
     if run.done is None:
         if timed_out:
             return Outcome(ExitCode.TIMEOUT,
@@ -92,3 +76,30 @@ def classify(run: RunRecords, *, timed_out: bool = False, how: str | None = None
                        "The result stream is not trustworthy: " + "; ".join(problems) + ".",
                        "Details: " + "; ".join(s.notes[:3]) + "." if s.notes else "")
     return Outcome(ExitCode.OK, "done, status 0")
+
+
+def _device_error(run: RunRecords) -> Outcome:
+    """An error record or a failed `done`: the codes named ("MemoryAllocationFailed (0x21)"),
+    the failure class and the advice of the first code the table knows (protocol/errors.yaml);
+    DEVICE_ERROR when it knows none."""
+    msgs = "; ".join(f"{label(e.code)}: {e.message}" for e in run.errors[:3])
+    status = f"done status {run.done.status}" if run.done else "no done"
+    known = [CODES[e.code] for e in run.errors if e.code in CODES]
+    exit_code, hint = ExitCode.DEVICE_ERROR, "See the device's error records."
+    if known:
+        exit_code, hint = ExitCode[known[0].exit_class], known[0].advice or hint
+    elif run.done is not None and run.done.status == DoneStatus.POOL_TOO_SMALL:
+        hint = "A memory pool is too small; enlarge it in the memory plan."
+    elif run.done is not None and run.done.status == DoneStatus.FAULT:
+        hint = "done reports a fault but no fault record arrived."
+    return Outcome(exit_code, f"The device reported an error ({status}"
+                   + (f"; {msgs}" if msgs else "") + ").", hint)
+
+
+def pool_too_small(run: RunRecords) -> str | None:
+    """The pool the device reported too small (its error code names it), or None."""
+    for e in run.errors:
+        entry = CODES.get(e.code)
+        if entry is not None and entry.pool is not None:
+            return entry.pool
+    return None

@@ -306,13 +306,6 @@ class TraceSummary:
     seq: int = field(default=-1, compare=False)
 
 
-# The runner's own error codes (firmware/runner/runner_errors.h, docs/protocol.md).
-ERR_NO_BACKEND = 0x1006
-ERR_NO_NPU = 0x1007
-ERR_NPU_INIT = 0x1008
-ERR_NPU_RUN = 0x1009
-
-
 Record = (Hello | Tensor | Timing | Memory | DeviceError | Fault | Done | Log | NpuRun
           | TraceClock | TraceEvent | TraceTensor | TraceSummary)
 

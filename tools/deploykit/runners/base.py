@@ -55,6 +55,7 @@ class RunResult:
     instructions_estimate: float | None = None  # from timing ticks under icount; an estimate
     command: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
+    hang: str | None = None  # where the CPU was when the time limit expired (runners/hang.py)
 
     @property
     def stats(self) -> DecodeStats:
@@ -85,6 +86,9 @@ class RunResult:
         else:
             how = None
         base = rec.outcome(timed_out=self.timed_out, how=how)
+        if base.exit_code == ExitCode.TIMEOUT and self.hang:
+            base = Outcome(base.exit_code, f"{base.cause} {self.hang}.",
+                           "The firmware hangs there, or needs a longer timeout.")
         if base.exit_code in (ExitCode.FAULT, ExitCode.DEVICE_ERROR) and self.timed_out:
             base = Outcome(base.exit_code, f"{base.cause} Then {how}.", base.hint)
         if base.exit_code in (ExitCode.NO_BOOT, ExitCode.FAULT):

@@ -232,12 +232,18 @@ class FvpRunner(Runner):
             notes.append("the FVP's --timelimit stopped the simulation")
         dec.finish()
         records = RunRecords.build(dec.records, dec.stats)
+        hang = None
+        if timed_out:
+            # The FVP's own debug server (Iris) could give the registers; deploykit does not
+            # drive it yet, so a hang is reported with the last record, not with its place.
+            hang = ("Where it hung is not known: deploykit reads a hung CPU's registers on "
+                    "QEMU only (the FVP's Iris debug server is not driven)")
         result = FvpRunResult(
             records=records, exit_code=None if killed else proc.returncode,
             wall_seconds=time.monotonic() - start, console_log=console_path,
             runner_log=log_path, runner=self.binary, supports_exit_code=False,
             timed_out=timed_out, timeout_s=timeout_s, killed=killed, command=tuple(cmd),
-            notes=notes)
+            notes=notes, hang=hang)
         return result.check() if check else result
 
     def _pump_until_exit(self, proc: subprocess.Popen, read: Any, dec: Decoder,

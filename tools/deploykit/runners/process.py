@@ -28,11 +28,14 @@ def run_dir_for(elf: Path, out_dir: Path) -> Path:
     return run_dir
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """Stop a simulator and anything it started: SIGTERM to its process group, then SIGKILL."""
+def kill_group(proc: subprocess.Popen, *, interrupt_first: bool = False) -> None:
+    """Stop a process started in a session of its own and everything it started: SIGTERM to
+    its process group, then SIGKILL. `interrupt_first`: SIGINT before them, as Ctrl-C would
+    send it (ninja then removes the outputs of the commands it was running)."""
     if proc.poll() is not None:
         return
-    for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+    steps = ((signal.SIGINT, 5.0),) if interrupt_first else ()
+    for sig, wait_s in (*steps, (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
         try:

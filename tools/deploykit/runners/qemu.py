@@ -27,6 +27,7 @@ import serial
 from deploykit.errors import BuildError, ConfigError, EnvironmentProblem, ExitCode, RunError
 from deploykit.protocol import Decoder, RunRecords
 from deploykit.runners.base import DEFAULT_TIMEOUT_S, Runner, RunResult
+from deploykit.runners.hang import HangLocation, locate_hang
 from deploykit.runners.process import free_port, kill_group, run_dir_for
 
 QEMU_BINARY = "qemu-system-arm"
@@ -105,11 +106,14 @@ class QemuRunner(Runner):
                 f"Install it: sudo apt-get install {QEMU_APT_PACKAGE} (QEMU 7.2 or newer).")
         return path
 
-    def command(self, elf: Path, port: int, qemu: str | None = None) -> list[str]:
+    def command(self, elf: Path, port: int, qemu: str | None = None,
+                qmp_socket: Path | None = None) -> list[str]:
         cmd = [qemu or self.qemu, "-machine", self.machine]
         if self.cpu:
             cmd += ["-cpu", self.cpu]
         cmd += ["-nographic", "-monitor", "none", "-semihosting"]
+        if qmp_socket is not None:  # where a hung run is (runners/hang.py)
+            cmd += ["-qmp", f"unix:{qmp_socket},server=on,wait=off"]
         if self.icount_shift is not None:
             cmd += ["-icount", f"shift={self.icount_shift},align=off,sleep=off"]
         cmd += ["-serial", f"tcp:127.0.0.1:{port},server=on,wait=on", "-kernel", str(elf)]
@@ -133,10 +137,14 @@ class QemuRunner(Runner):
         timed_out = killed = False
         cmd: list[str] = []
         notes: list[str] = []
+        hang: HangLocation | None = None
+        # A short path of its own: a unix socket path is limited to 107 bytes.
+        qmp_dir = Path(tempfile.mkdtemp(prefix="dk-qmp-"))
+        qmp_socket = qmp_dir / "qmp"
         try:
             with open(console_tmp, "wb") as console, open(log_tmp, "wb") as log:
                 for _attempt in range(3):
-                    cmd = self.command(elf, free_port(), qemu)
+                    cmd = self.command(elf, free_port(), qemu, qmp_socket)
                     log.seek(0)
                     log.truncate()
                     log.write(f"$ {shlex.join(cmd)}\n".encode())
@@ -158,6 +166,12 @@ class QemuRunner(Runner):
                     raise EnvironmentProblem("QEMU could not bind a console port (3 attempts).",
                                              log_path=str(log_path))
                 timed_out, killed = self._pump(proc, ser, dec, console, deadline)
+                if timed_out:
+                    hang, why_not = locate_hang(str(qmp_socket), elf)
+                    if why_not:
+                        notes.append(why_not)
+                    kill_group(proc)
+                    killed = True
                 with contextlib.suppress(Exception):
                     ser.close()
                 ser = None
@@ -179,6 +193,7 @@ class QemuRunner(Runner):
             for tmp, final in ((console_tmp, console_path), (log_tmp, log_path)):
                 with contextlib.suppress(OSError):
                     os.replace(tmp, final)
+            shutil.rmtree(qmp_dir, ignore_errors=True)
         dec.finish()
         records = RunRecords.build(dec.records, dec.stats)
         estimate = None
@@ -190,7 +205,7 @@ class QemuRunner(Runner):
             console_log=console_path, runner_log=log_path, runner="QEMU",
             supports_exit_code=self.supports_exit_code, timed_out=timed_out, timeout_s=timeout_s,
             killed=killed, icount_shift=self.icount_shift, instructions_estimate=estimate,
-            command=tuple(cmd), notes=notes)
+            command=tuple(cmd), notes=notes, hang=hang.describe() if hang else None)
         return result.check() if check else result
 
     def _connect(self, proc: subprocess.Popen, cmd: list[str], deadline: float):
@@ -218,8 +233,7 @@ class QemuRunner(Runner):
         while True:
             now = time.monotonic()
             if done_deadline is None and now >= deadline:
-                kill_group(proc)
-                return True, True
+                return True, False  # the caller asks QEMU where the CPU is, then kills it
             if done_deadline is not None and now >= done_deadline:
                 kill_group(proc)  # done arrived, but the firmware did not exit
                 return False, True
