@@ -14,8 +14,6 @@ def mobilenet_v2_lrn_ethos_u(tmp_path_factory):
     """mobilenet_v2_lrn through the ethos_u_int8 flow for corstone-320 (Ethos-U85-256): the
     split case, two NPU delegates with the LRN remnant on the CPU between them. About a minute
     on two cores, so exported once (test_ethos_u_export.py, test_explore.py)."""
-    pytest.importorskip("executorch")
-    pytest.importorskip("ethosu.vela")
     from deploykit.boards import load_board
     from deploykit.export import export
     from deploykit.models import load_model

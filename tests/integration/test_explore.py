@@ -34,9 +34,6 @@ from deploykit.models import load_model
 from deploykit.npu import npu_config
 from tests import chromium
 
-pytest.importorskip("executorch")
-pytest.importorskip("ethosu.vela")
-
 REPO = Path(__file__).resolve().parents[2]
 # The adapters' extension ids (their AdapterMetadata), as the server's API names them.
 PTE_ADAPTER_ID = "pte_adapter_model_explorer"

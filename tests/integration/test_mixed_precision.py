@@ -21,9 +21,6 @@ from deploykit.flows.base import NOTES_NAME, ExportOptions
 from deploykit.models import load_model
 from deploykit.op_coverage import kernel_tables
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("executorch")
-
 REPO = Path(__file__).resolve().parents[2]
 
 

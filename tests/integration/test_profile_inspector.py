@@ -15,9 +15,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("executorch.devtools")
-
 from deploykit.export import ETRECORD_NAME, export  # noqa: E402
 from deploykit.models import load_model  # noqa: E402
 from deploykit.profiles import PROFILES  # noqa: E402

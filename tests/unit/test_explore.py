@@ -185,7 +185,6 @@ def test_a_taken_port_is_refused(tools, tmp_path):
 def test_an_export_removes_a_previous_exports_tosa_files(tmp_path):
     """A CPU-only export into a directory an Ethos-U export used: the old delegate_<i>.tosa
     must go, or explore --tosa would show a graph that is not in this .pte."""
-    pytest.importorskip("executorch")
     from deploykit.export import export
     from deploykit.models import load_model
 

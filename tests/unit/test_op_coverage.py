@@ -14,8 +14,6 @@ import yaml
 from deploykit.errors import ExitCode, OperatorCoverageError
 from deploykit.op_coverage import check_coverage, kernel_tables, model_line
 
-pytest.importorskip("executorch")
-
 REPO = Path(__file__).resolve().parents[2]
 
 TRACE = textwrap.dedent("""\

@@ -190,7 +190,6 @@ def test_malformed_trace_event_is_counted_not_reported():
 
 
 def test_etdump_round_trips_through_executorch_deserializer(tmp_path):
-    pytest.importorskip("executorch.devtools")
     from executorch.devtools.etdump.serialize import deserialize_from_etdump_flatcc
 
     from deploykit.profiling.etdump import etdump_bytes
