@@ -54,8 +54,7 @@ class LinuxAarch64Family(BoardFamily):
         workspace = defs.get("DK_WORKSPACE")
         ws = load_workspace(Path(workspace) if workspace else None)
         require_projects(ws, list(self.projects), f"The {board.name} runner")
-        commits = {"executorch": ws.executorch_commit,
-                   **{p: ws.projects[p].commit for p in self.projects}}
+        commits = runtime_commits(ws)
         cache = Path(defs.get("DK_ET_RUNTIME_CACHE_DIR") or ws.root / "runtime-cache")
         runtime = build_runtime(ws.executorch_dir, cache, board.cpu_flags, commits,
                                 progress=progress)
@@ -80,3 +79,9 @@ class LinuxAarch64Family(BoardFamily):
         return Firmware(board.name, elf, map_file, size_report(map_file, elf),
                         result.configure_seconds + runtime.seconds, result.build_seconds,
                         result.log)
+
+
+def runtime_commits(ws: Workspace) -> dict[str, str]:
+    """The commits of the sources the runtime is built from: part of its cache key."""
+    return {"executorch": ws.executorch_commit,
+            **{p: ws.projects[p].commit for p in RUNTIME_PROJECTS}}

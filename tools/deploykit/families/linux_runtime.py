@@ -50,6 +50,10 @@ RUNTIME_OPTIONS: dict[str, str] = {
     "EXECUTORCH_BUILD_PTHREADPOOL": "ON",
     "EXECUTORCH_BUILD_CPUINFO": "ON",
 }
+# Compile flags beside the board's CPU flags. With +fp16 in -march, XNNPACK's math.h takes
+# _Float16 for its half type, which GCC 12 (Debian's cross compiler) has in C but not in C++:
+# XNNPACK's own portable half type is used in both languages instead (same size and layout).
+EXTRA_FLAGS = ("-DXNN_HAVE_FLOAT16=0",)
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ def runtime_key(cpu_flags: list[str], source_commits: dict[str, str],
              f"compiler={toolchain_prefix} {_compiler_version(toolchain_prefix)}",
              f"toolchain={tc}",
              *(f"source:{k}={v}" for k, v in sorted(source_commits.items())),
-             *(f"option:{k}={v}" for k, v in sorted(RUNTIME_OPTIONS.items()))]
+             *(f"option:{k}={v}" for k, v in sorted(RUNTIME_OPTIONS.items())),
+             f"extra_flags={' '.join(EXTRA_FLAGS)}"]
     text = "\n".join(lines) + "\n"
     return hashlib.sha256(text.encode()).hexdigest()[:16], text
 
@@ -108,8 +113,11 @@ def build_runtime(executorch_dir: Path, cache_dir: Path, cpu_flags: list[str],
     (directory / "dk-runtime-key.txt").write_text(text)
     log = directory / "build.log"
     log.write_text("")
+    # CMAKE_<LANG>_FLAGS given here replace the toolchain file's seed: the CPU flags again.
+    flags = " ".join((*cpu_flags, *EXTRA_FLAGS))
     defs = {**RUNTIME_OPTIONS, "CMAKE_TOOLCHAIN_FILE": str(toolchain_file()),
-            "DK_CPU_FLAGS": ";".join(cpu_flags), "CMAKE_INSTALL_PREFIX": str(prefix)}
+            "DK_CPU_FLAGS": ";".join(cpu_flags), "CMAKE_INSTALL_PREFIX": str(prefix),
+            "CMAKE_C_FLAGS": flags, "CMAKE_CXX_FLAGS": flags}
     t0 = time.monotonic()
     if progress:
         progress(f"configuring the aarch64 ExecuTorch + XNNPACK runtime in {directory} "

@@ -40,7 +40,7 @@ class XnnpackInt8(Flow):
     name = "xnnpack_int8"
     summary = "int8 through ExecuTorch's XNNPACK delegate (Cortex-A Linux boards)"
     quantization = ("int8 PT2E with XNNPACKQuantizer: per-channel symmetric weights; static "
-                    "activations with calibration inputs, else dynamic")
+                    "activations with calibration inputs, else dynamic (Linear layers)")
     lowering = "to_edge_transform_and_lower with the XnnpackPartitioner"
     host_reference = "the .pte run by the host ExecuTorch pybindings (XNNPACK, x86 kernels)"
     quantized = True
@@ -71,8 +71,11 @@ class XnnpackInt8(Flow):
             )
 
         dynamic = not spec.has_calibration_inputs
-        quantizer = XNNPACKQuantizer().set_global(
-            get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic))
+        config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic)
+        # Dynamic: the Linear layers only, as ExecuTorch's XNNPACK recipes quantize
+        # transformers (annotating every op would quantize the embedding's token ids too).
+        quantizer = (XNNPACKQuantizer().set_module_type(torch.nn.Linear, config) if dynamic
+                     else XNNPACKQuantizer().set_global(config))
         inputs = tuple(t.clone().contiguous() for t in spec.example_inputs)
         calibration = [tuple(t.clone().contiguous() for t in s) for s in spec.calibration_inputs]
         converted, pt2e_reference, eager = quantize_pt2e(spec, st, inputs, calibration,
