@@ -74,6 +74,7 @@ class LinuxRunner(Runner):
                               "Give a whole number from 1 to 256.")
         self.qemu = qemu
         self.done_grace_s = done_grace_s
+        self._log_path: Path | None = None  # the current run's runner.log
 
     @classmethod
     def from_board(cls, board: Any, *, progress: Any = None, workspace: Path | None = None,
@@ -146,11 +147,13 @@ class LinuxRunner(Runner):
                 raise EnvironmentProblem(
                     f"ssh could not connect to {self.host} (exit 255).",
                     "Check `ssh HOST true` (host alias, key in your agent or ssh config; "
-                    "deploykit never answers a password prompt).")
+                    "deploykit never answers a password prompt).", log_path=str(self._log_path))
             if i > 0 and res.returncode != 0:
                 raise EnvironmentProblem(f"Copying the runner to {self.host}:{target} failed "
                                          f"(exit {res.returncode}).",
-                                         f"Check that {self.remote_dir} is writable there.")
+                                         f"Check that {self.remote_dir} is writable there "
+                                         "and that scp works (sshd's sftp subsystem).",
+                                         log_path=str(self._log_path))
 
     # ---- run --------------------------------------------------------------------------------
 
@@ -160,6 +163,7 @@ class LinuxRunner(Runner):
         elf = Path(elf)
         run_dir = run_dir_for(elf, out_dir)
         console_path, log_path = run_dir / "console.bin", run_dir / "runner.log"
+        self._log_path = log_path
         start = time.monotonic()
         deadline = start + timeout_s
         dec = Decoder()
@@ -182,8 +186,11 @@ class LinuxRunner(Runner):
                 if proc is not None and proc.poll() is None:
                     kill_group(proc)
                     killed = True
-        os.replace(console_path.with_suffix(".part"), console_path)
-        os.replace(log_path.with_suffix(".part"), log_path)
+                # Complete files only, also when the copy failed (its log says why).
+                console.close()
+                log.close()
+                os.replace(console_path.with_suffix(".part"), console_path)
+                os.replace(log_path.with_suffix(".part"), log_path)
         dec.finish()
         records = RunRecords.build(dec.records, dec.stats)
         exit_code = None if killed or proc is None else proc.returncode
