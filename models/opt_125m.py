@@ -16,11 +16,19 @@ import torch
 SEQ_LEN = 128
 # The seeded weights give logits of magnitude ~1; XNNPACK's x86 (host) and NEON (device)
 # kernels sum 768-long dot products in different orders.
-TOLERANCE = {"xnnpack_fp32": {"atol": 1e-3, "rtol": 1e-3},
-             "portable_fp32": {"atol": 1e-4, "rtol": 1e-4}}
+TOLERANCE = {
+    "xnnpack_fp32": {"atol": 1e-3, "rtol": 1e-3},
+    "portable_fp32": {"atol": 1e-4, "rtol": 1e-4},
+}
 
-CONFIG = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-          "ffn_dim": 3072, "vocab_size": 50272, "max_position_embeddings": 2048}
+CONFIG = {
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "ffn_dim": 3072,
+    "vocab_size": 50272,
+    "max_position_embeddings": 2048,
+}
 
 
 class OffsetPositions(torch.nn.Module):
@@ -33,8 +41,12 @@ class OffsetPositions(torch.nn.Module):
         super().__init__()
         self.weight = learned.weight
 
-    def forward(self, attention_mask: torch.Tensor | None = None, past_key_values_length: int = 0,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values_length: int = 0,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return torch.nn.functional.embedding(position_ids, self.weight)
 
 
@@ -49,8 +61,9 @@ class OptLogits(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         seq = input_ids.shape[1]
         positions = torch.arange(2, seq + 2, dtype=torch.long).unsqueeze(0)  # offset 2
-        return self.lm(input_ids=input_ids, position_ids=positions, use_cache=False,
-                       return_dict=False)[0]
+        return self.lm(
+            input_ids=input_ids, position_ids=positions, use_cache=False, return_dict=False
+        )[0]
 
 
 def build(config: dict, checkpoint: str | None = None) -> torch.nn.Module:

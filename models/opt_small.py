@@ -8,10 +8,18 @@ import torch
 from opt_125m import build, tokens
 
 SEQ_LEN = 32
-TOLERANCE = {"xnnpack_fp32": {"atol": 1e-4, "rtol": 1e-4},
-             "portable_fp32": {"atol": 1e-5, "rtol": 1e-5}}
-CONFIG = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "ffn_dim": 256, "vocab_size": 512, "max_position_embeddings": 128}
+TOLERANCE = {
+    "xnnpack_fp32": {"atol": 1e-4, "rtol": 1e-4},
+    "portable_fp32": {"atol": 1e-5, "rtol": 1e-5},
+}
+CONFIG = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "ffn_dim": 256,
+    "vocab_size": 512,
+    "max_position_embeddings": 128,
+}
 
 
 def model() -> torch.nn.Module:

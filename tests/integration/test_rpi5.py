@@ -20,7 +20,8 @@ from deploykit.render import ModelSources, render_board_files, render_model_file
 
 requires_aarch64_gcc = pytest.mark.skipif(
     shutil.which("aarch64-linux-gnu-gcc") is None,
-    reason="aarch64-linux-gnu-gcc not installed (apt-get install g++-aarch64-linux-gnu)")
+    reason="aarch64-linux-gnu-gcc not installed (apt-get install g++-aarch64-linux-gnu)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,17 +52,21 @@ def test_export_delegates_to_xnnpack(exports, flow):
 
 def test_inspect_shows_cpu_operators_left_outside_xnnpack(tmp_path):
     """opt_small keeps its layer norms and mask arithmetic on the CPU."""
-    pytest.importorskip("transformers", reason="transformers not installed (pip install "
-                        "'deploykit[bench]')")
+    pytest.importorskip(
+        "transformers", reason="transformers not installed (pip install 'deploykit[bench]')"
+    )
     result = api.export("rpi5", "opt_small", flow="xnnpack_fp32", out=tmp_path)
     info = api.inspect(result.pte_path)
     kinds = [s.kind for s in info.segments]
     assert "delegate" in kinds and "cpu" in kinds
     assert "aten::native_layer_norm.out" in info.cpu_ops
-    text = subprocess.run(["python3", "-m", "deploykit", "inspect", str(result.pte_path)],
-                          capture_output=True, text=True, check=True,
-                          env={**__import__("os").environ,
-                               "PYTHONPATH": str(repo_root() / "tools")}).stdout
+    text = subprocess.run(
+        ["python3", "-m", "deploykit", "inspect", str(result.pte_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**__import__("os").environ, "PYTHONPATH": str(repo_root() / "tools")},
+    ).stdout
     assert "XnnpackBackend (delegate 0)" in text and "aten::native_layer_norm.out" in text
 
 
@@ -79,8 +84,7 @@ def test_xnnpack_flows_refuse_a_cortex_m_board():
 
 
 def test_board_files_carry_the_pi_cpu_flags():
-    assert load_board("rpi5").cpu_flags == ["-march=armv8.2-a+dotprod+fp16",
-                                            "-mtune=cortex-a76"]
+    assert load_board("rpi5").cpu_flags == ["-march=armv8.2-a+dotprod+fp16", "-mtune=cortex-a76"]
     assert load_board("rpi4").cpu_flags == ["-march=armv8-a", "-mtune=cortex-a72"]
 
 
@@ -93,18 +97,43 @@ def test_generated_sources_cross_compile(exports, tmp_path, board):
     result = load_export(exports["xnnpack_fp32"] / "export")
     gen = tmp_path / "generated"
     render_board_files(b, gen)
-    render_model_files(ModelSources(pte=result.pte_path.read_bytes(),
-                                    input_sets=result.input_sets,
-                                    expected_outputs=result.reference_sets[0],
-                                    plan=api.plan(board, pte=result.pte_path, out=tmp_path),
-                                    et_commit="test", build_info="test"), gen)
+    render_model_files(
+        ModelSources(
+            pte=result.pte_path.read_bytes(),
+            input_sets=result.input_sets,
+            expected_outputs=result.reference_sets[0],
+            plan=api.plan(board, pte=result.pte_path, out=tmp_path),
+            et_commit="test",
+            build_info="test",
+        ),
+        gen,
+    )
     firmware = repo_root() / "firmware"
     for src in (gen / "model_pte.c", gen / "model_io.c", firmware / "protocol/dk_protocol.c"):
         obj = tmp_path / (src.stem + ".o")
-        subprocess.run(["aarch64-linux-gnu-gcc", *b.cpu_flags, "-std=c11", "-Wall", "-Wextra",
-                        "-Werror", "-c", str(src), "-o", str(obj), f"-I{gen}",
-                        f"-I{firmware / 'protocol'}", f"-I{firmware / 'boards'}",
-                        f"-Wa,-I{gen}"], check=True)
-        header = subprocess.run(["aarch64-linux-gnu-readelf", "-h", str(obj)],
-                                capture_output=True, text=True, check=True).stdout
+        subprocess.run(
+            [
+                "aarch64-linux-gnu-gcc",
+                *b.cpu_flags,
+                "-std=c11",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-c",
+                str(src),
+                "-o",
+                str(obj),
+                f"-I{gen}",
+                f"-I{firmware / 'protocol'}",
+                f"-I{firmware / 'boards'}",
+                f"-Wa,-I{gen}",
+            ],
+            check=True,
+        )
+        header = subprocess.run(
+            ["aarch64-linux-gnu-readelf", "-h", str(obj)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert "AArch64" in header

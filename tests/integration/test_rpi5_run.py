@@ -31,26 +31,36 @@ from tests.markers import requires_cmake
 
 
 def _reason() -> str | None:
-    for tool, package in (("aarch64-linux-gnu-g++", "g++-aarch64-linux-gnu"),
-                          ("qemu-aarch64", "qemu-user")):
+    for tool, package in (
+        ("aarch64-linux-gnu-g++", "g++-aarch64-linux-gnu"),
+        ("qemu-aarch64", "qemu-user"),
+    ):
         if shutil.which(tool) is None:
             return f"{tool} not installed (apt-get install {package})"
     try:
-        require_projects(load_workspace(), list(get_family("linux_aarch64").projects),
-                         "The rpi5 runner")
+        require_projects(
+            load_workspace(), list(get_family("linux_aarch64").projects), "The rpi5 runner"
+        )
     except DeployKitError as exc:
-        return (f"XNNPACK sources not in the workspace ({exc.cause}): deploykit setup "
-                "--group xnnpack (or --source xnnpack=PATH@REV ..., see docs/rpi5.md)")
+        return (
+            f"XNNPACK sources not in the workspace ({exc.cause}): deploykit setup "
+            "--group xnnpack (or --source xnnpack=PATH@REV ..., see docs/rpi5.md)"
+        )
     return None
 
 
 pytestmark = [requires_cmake, pytest.mark.skipif(_reason() is not None, reason=_reason() or "")]
 
 
-@pytest.mark.parametrize("model,flow", [("tiny_cnn", "xnnpack_fp32"),
-                                        ("mlp_mnist", "xnnpack_fp32"),
-                                        ("mlp_mnist", "xnnpack_int8"),
-                                        ("opt_small", "xnnpack_fp32")])
+@pytest.mark.parametrize(
+    "model,flow",
+    [
+        ("tiny_cnn", "xnnpack_fp32"),
+        ("mlp_mnist", "xnnpack_fp32"),
+        ("mlp_mnist", "xnnpack_int8"),
+        ("opt_small", "xnnpack_fp32"),
+    ],
+)
 def test_run_under_qemu_aarch64_matches_the_host(tmp_path, model, flow):
     if model.startswith("opt"):
         pytest.importorskip("transformers", reason="pip install 'deploykit[bench]'")
@@ -60,8 +70,12 @@ def test_run_under_qemu_aarch64_matches_the_host(tmp_path, model, flow):
     hello = report.records.hello.fields
     assert "XnnpackBackend" in hello["backends"]
     assert hello["board"] == "rpi5"
-    header = subprocess.run(["aarch64-linux-gnu-readelf", "-h", "-l", str(report.elf)],
-                            capture_output=True, text=True, check=True).stdout
+    header = subprocess.run(
+        ["aarch64-linux-gnu-readelf", "-h", "-l", str(report.elf)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "AArch64" in header and "INTERP" not in header  # static: no dynamic loader
 
 
@@ -83,8 +97,9 @@ def loopback_pi(tmp_path, monkeypatch):
     keys = tmp_path / "keys"
     keys.mkdir()
     for name in ("host", "user"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
-                        str(keys / name)], check=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)], check=True
+        )
     (keys / "authorized_keys").write_text((keys / "user.pub").read_text())
     port = free_port()
     (keys / "known_hosts").write_text(f"[127.0.0.1]:{port} {(keys / 'host.pub').read_text()}")
@@ -96,20 +111,31 @@ def loopback_pi(tmp_path, monkeypatch):
         "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPermitRootLogin yes\n"
         f"PidFile {keys / 'sshd.pid'}\n"
         # scp speaks SFTP (OpenSSH 9): Debian's sshd_config has this line too.
-        "Subsystem sftp /usr/lib/openssh/sftp-server\n")
-    sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(sshd_config)],
-                            stdout=subprocess.DEVNULL, stderr=open(keys / "sshd.log", "wb"))
+        "Subsystem sftp /usr/lib/openssh/sftp-server\n"
+    )
+    with open(keys / "sshd.log", "wb") as sshd_log:
+        sshd = subprocess.Popen(
+            ["/usr/sbin/sshd", "-D", "-e", "-f", str(sshd_config)],
+            stdout=subprocess.DEVNULL,
+            stderr=sshd_log,
+        )
     ssh_config = keys / "ssh_config"
     ssh_config.write_text(
         f"Host loopback-pi\n  HostName 127.0.0.1\n  Port {port}\n  User root\n"
         f"  IdentityFile {keys / 'user'}\n  IdentitiesOnly yes\n"
-        f"  UserKnownHostsFile {keys / 'known_hosts'}\n  StrictHostKeyChecking yes\n")
+        f"  UserKnownHostsFile {keys / 'known_hosts'}\n  StrictHostKeyChecking yes\n"
+    )
     monkeypatch.setenv("DEPLOYKIT_SSH_CONFIG", str(ssh_config))
     monkeypatch.setenv("DEPLOYKIT_REMOTE_EXEC", "qemu-aarch64 -cpu cortex-a76")
     try:
         for _ in range(100):  # until sshd accepts a login
-            if subprocess.run(["ssh", "-F", str(ssh_config), "-o", "BatchMode=yes",
-                               "loopback-pi", "true"], capture_output=True).returncode == 0:
+            if (
+                subprocess.run(
+                    ["ssh", "-F", str(ssh_config), "-o", "BatchMode=yes", "loopback-pi", "true"],
+                    capture_output=True,
+                ).returncode
+                == 0
+            ):
                 break
             time.sleep(0.1)
         else:
@@ -121,16 +147,28 @@ def loopback_pi(tmp_path, monkeypatch):
 
 
 def test_run_over_ssh_on_a_loopback_sshd(tmp_path, loopback_pi):
-    report = api.run("rpi5", "tiny_cnn", flow="xnnpack_fp32", out=tmp_path, timeout=300,
-                     runner_options={"host": loopback_pi, "threads": 2})
+    report = api.run(
+        "rpi5",
+        "tiny_cnn",
+        flow="xnnpack_fp32",
+        out=tmp_path,
+        timeout=300,
+        runner_options={"host": loopback_pi, "threads": 2},
+    )
     assert report.passed, report.cause
     log = (tmp_path / "run" / "runner.log").read_text()
     assert "scp" in log and "loopback-pi" in log and "DK_THREADS=2" in log
     # the runner was copied under its content hash and is reused on the next run
     copies = list(Path("/tmp/deploykit").glob("dk_runner-*"))
     assert copies
-    again = api.run("rpi5", "tiny_cnn", flow="xnnpack_fp32", out=tmp_path, timeout=300,
-                    runner_options={"host": loopback_pi})
+    again = api.run(
+        "rpi5",
+        "tiny_cnn",
+        flow="xnnpack_fp32",
+        out=tmp_path,
+        timeout=300,
+        runner_options={"host": loopback_pi},
+    )
     assert again.passed
     assert "scp" not in (tmp_path / "run" / "runner.log").read_text()
 
@@ -140,9 +178,16 @@ def test_ssh_to_an_unreachable_host_is_a_clear_error(tmp_path, monkeypatch):
     if reason:
         pytest.skip(reason)
     config = tmp_path / "ssh_config"
-    config.write_text(f"Host nowhere\n  HostName 127.0.0.1\n  Port {free_port()}\n"
-                      "  ConnectTimeout 3\n")
+    config.write_text(
+        f"Host nowhere\n  HostName 127.0.0.1\n  Port {free_port()}\n  ConnectTimeout 3\n"
+    )
     monkeypatch.setenv("DEPLOYKIT_SSH_CONFIG", str(config))
     with pytest.raises(DeployKitError, match="ssh could not connect to nowhere"):
-        api.run("rpi5", "tiny_cnn", flow="xnnpack_fp32", out=tmp_path / "out", timeout=60,
-                runner_options={"host": "nowhere"})
+        api.run(
+            "rpi5",
+            "tiny_cnn",
+            flow="xnnpack_fp32",
+            out=tmp_path / "out",
+            timeout=60,
+            runner_options={"host": "nowhere"},
+        )

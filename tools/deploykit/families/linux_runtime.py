@@ -77,28 +77,38 @@ def toolchain_file() -> Path:
 
 
 def _compiler_version(prefix: str) -> str:
-    res = subprocess.run([f"{prefix}g++", "--version"], capture_output=True, text=True,
-                         check=False)
+    res = subprocess.run([f"{prefix}g++", "--version"], capture_output=True, text=True, check=False)
     return res.stdout.splitlines()[0] if res.stdout else ""
 
 
-def runtime_key(cpu_flags: list[str], source_commits: dict[str, str],
-                toolchain_prefix: str = "aarch64-linux-gnu-") -> tuple[str, str]:
+def runtime_key(
+    cpu_flags: list[str],
+    source_commits: dict[str, str],
+    toolchain_prefix: str = "aarch64-linux-gnu-",
+) -> tuple[str, str]:
     """The key of a runtime build and the text it hashes: one `name=value` line per input."""
     tc = hashlib.sha256(toolchain_file().read_bytes()).hexdigest()
-    lines = [f"cpu_flags={' '.join(cpu_flags)}",
-             f"compiler={toolchain_prefix} {_compiler_version(toolchain_prefix)}",
-             f"toolchain={tc}",
-             *(f"source:{k}={v}" for k, v in sorted(source_commits.items())),
-             *(f"option:{k}={v}" for k, v in sorted(RUNTIME_OPTIONS.items())),
-             f"extra_flags={' '.join(EXTRA_FLAGS)}"]
+    lines = [
+        f"cpu_flags={' '.join(cpu_flags)}",
+        f"compiler={toolchain_prefix} {_compiler_version(toolchain_prefix)}",
+        f"toolchain={tc}",
+        *(f"source:{k}={v}" for k, v in sorted(source_commits.items())),
+        *(f"option:{k}={v}" for k, v in sorted(RUNTIME_OPTIONS.items())),
+        f"extra_flags={' '.join(EXTRA_FLAGS)}",
+    ]
     text = "\n".join(lines) + "\n"
     return hashlib.sha256(text.encode()).hexdigest()[:16], text
 
 
-def build_runtime(executorch_dir: Path, cache_dir: Path, cpu_flags: list[str],
-                  source_commits: dict[str, str], *, jobs: int = 2,
-                  progress: Callable[[str], None] | None = None) -> LinuxRuntime:
+def build_runtime(
+    executorch_dir: Path,
+    cache_dir: Path,
+    cpu_flags: list[str],
+    source_commits: dict[str, str],
+    *,
+    jobs: int = 2,
+    progress: Callable[[str], None] | None = None,
+) -> LinuxRuntime:
     """Configure, build and install the runtime for `cpu_flags` once; later calls with the
     same key return the installed one."""
     key, text = runtime_key(cpu_flags, source_commits)
@@ -115,18 +125,41 @@ def build_runtime(executorch_dir: Path, cache_dir: Path, cpu_flags: list[str],
     log.write_text("")
     # CMAKE_<LANG>_FLAGS given here replace the toolchain file's seed: the CPU flags again.
     flags = " ".join((*cpu_flags, *EXTRA_FLAGS))
-    defs = {**RUNTIME_OPTIONS, "CMAKE_TOOLCHAIN_FILE": str(toolchain_file()),
-            "DK_CPU_FLAGS": ";".join(cpu_flags), "CMAKE_INSTALL_PREFIX": str(prefix),
-            "CMAKE_C_FLAGS": flags, "CMAKE_CXX_FLAGS": flags}
+    defs = {
+        **RUNTIME_OPTIONS,
+        "CMAKE_TOOLCHAIN_FILE": str(toolchain_file()),
+        "DK_CPU_FLAGS": ";".join(cpu_flags),
+        "CMAKE_INSTALL_PREFIX": str(prefix),
+        "CMAKE_C_FLAGS": flags,
+        "CMAKE_CXX_FLAGS": flags,
+    }
     t0 = time.monotonic()
     if progress:
-        progress(f"configuring the aarch64 ExecuTorch + XNNPACK runtime in {directory} "
-                 "(once per CPU flags; the first build takes a while)")
-    _run_logged(["cmake", "-S", str(executorch_dir), "-B", str(build), "-G", "Ninja",
-                 *(f"-D{k}={v}" for k, v in sorted(defs.items()))],
-                log, "ExecuTorch runtime configure", progress)
-    _run_logged(["cmake", "--build", str(build), "-j", str(jobs)], log,
-                "building the aarch64 ExecuTorch runtime", progress)
+        progress(
+            f"configuring the aarch64 ExecuTorch + XNNPACK runtime in {directory} "
+            "(once per CPU flags; the first build takes a while)"
+        )
+    _run_logged(
+        [
+            "cmake",
+            "-S",
+            str(executorch_dir),
+            "-B",
+            str(build),
+            "-G",
+            "Ninja",
+            *(f"-D{k}={v}" for k, v in sorted(defs.items())),
+        ],
+        log,
+        "ExecuTorch runtime configure",
+        progress,
+    )
+    _run_logged(
+        ["cmake", "--build", str(build), "-j", str(jobs)],
+        log,
+        "building the aarch64 ExecuTorch runtime",
+        progress,
+    )
     _run_logged(["cmake", "--install", str(build)], log, "installing the runtime", None)
     seconds = time.monotonic() - t0
     write_atomic(done, json.dumps({"key": key, "seconds": round(seconds, 1)}) + "\n")

@@ -30,14 +30,16 @@ XNNPACK_FP32_TOLERANCE = {"atol": 1e-4, "rtol": 1e-4}
 
 def check_cortex_a(cpu: str) -> None:
     if not cpu.strip().lower().startswith("cortex-a"):
-        raise ConfigError(f"CPU '{cpu}' is not a Cortex-A CPU: the XNNPACK flows target "
-                          "Cortex-A Linux boards.",
-                          "Use a board of the linux_aarch64 family (rpi5, rpi4), or "
-                          "--flow portable_fp32 / cortex_m_int8 on a Cortex-M board.")
+        raise ConfigError(
+            f"CPU '{cpu}' is not a Cortex-A CPU: the XNNPACK flows target Cortex-A Linux boards.",
+            "Use a board of the linux_aarch64 family (rpi5, rpi4), or "
+            "--flow portable_fp32 / cortex_m_int8 on a Cortex-M board.",
+        )
 
 
-def lower_with_xnnpack(program: Any, st: Stages,
-                       options: ExportOptions) -> tuple[bytes, dict[str, Any]]:
+def lower_with_xnnpack(
+    program: Any, st: Stages, options: ExportOptions
+) -> tuple[bytes, dict[str, Any]]:
     """The exported program through the XNNPACK partitioner: the `.pte` bytes and the
     partition report (export.json's `partition`, which `inspect` shows)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -69,8 +71,12 @@ def partition_report(ep: Any) -> dict[str, Any]:
                 if inner.op == "call_function" and inner.target is not operator.getitem:
                     name = _op_name(inner.target)
                     ops[name] = ops.get(name, 0) + 1
-            entry = {"index": len(delegates), "backend": lowered.backend_id, "ops": ops,
-                     "num_ops": sum(ops.values())}
+            entry = {
+                "index": len(delegates),
+                "backend": lowered.backend_id,
+                "ops": ops,
+                "num_ops": sum(ops.values()),
+            }
             delegates.append(entry)
             segments.append({"kind": "delegate", **entry})
         else:
@@ -83,9 +89,11 @@ def partition_report(ep: Any) -> dict[str, Any]:
 
 
 def host_method(pte: bytes, st: Stages) -> Any:
-    with st.step("host reference (executorch pybindings with XNNPACK)",
-                 "The .pte did not run on the host ExecuTorch runtime; the XNNPACK backend or "
-                 "a portable kernel is missing from the executorch package."):
+    with st.step(
+        "host reference (executorch pybindings with XNNPACK)",
+        "The .pte did not run on the host ExecuTorch runtime; the XNNPACK backend or "
+        "a portable kernel is missing from the executorch package.",
+    ):
         from executorch.runtime import Runtime
 
         return Runtime.get().load_program(pte).load_method("forward")
@@ -93,8 +101,10 @@ def host_method(pte: bytes, st: Stages) -> Any:
 
 def xnnpack_program_checks(flow: str, model: str, info: PteInfo) -> list[str]:
     if info.num_delegates == 0:
-        return [f"{flow}: no part of '{model}' was delegated to XNNPACK; everything runs on "
-                "the portable kernels."]
+        return [
+            f"{flow}: no part of '{model}' was delegated to XNNPACK; everything runs on "
+            "the portable kernels."
+        ]
     return []
 
 
@@ -116,15 +126,19 @@ class XnnpackFp32(Flow):
     def default_tolerance(self, output_quant: list[Any]) -> dict[str, float]:
         return dict(XNNPACK_FP32_TOLERANCE)
 
-    def lower(self, spec: ModelSpec, stages: Stages, target: ExportTarget,
-              options: ExportOptions) -> FlowResult:
+    def lower(
+        self, spec: ModelSpec, stages: Stages, target: ExportTarget, options: ExportOptions
+    ) -> FlowResult:
         st = stages
         with st.step("import torch/executorch"):
             import torch
 
         inputs = tuple(t.clone().contiguous() for t in spec.example_inputs)
-        with st.step("torch.export", "Make the model exportable with torch.export.export("
-                     "model, example_inputs()) (no data-dependent Python control flow)."):
+        with st.step(
+            "torch.export",
+            "Make the model exportable with torch.export.export("
+            "model, example_inputs()) (no data-dependent Python control flow).",
+        ):
             ep = torch.export.export(spec.module, inputs)
         pte, partition = lower_with_xnnpack(ep, st, options)
         method = host_method(pte, st)
@@ -136,14 +150,21 @@ class XnnpackFp32(Flow):
         with st.step("eager reference"), torch.no_grad():
             eager = flatten_tensors(spec.module(*[t.clone() for t in inputs]))
         return FlowResult(
-            pte=pte, inputs=inputs, reference=reference, eager=eager,
-            input_quant=[None] * len(inputs), output_quant=[None] * len(reference),
-            reference_kind=self.fallback_reference_kind, reference_fn=reference_fn,
+            pte=pte,
+            inputs=inputs,
+            reference=reference,
+            eager=eager,
+            input_quant=[None] * len(inputs),
+            output_quant=[None] * len(reference),
+            reference_kind=self.fallback_reference_kind,
+            reference_fn=reference_fn,
             prepare_inputs=lambda xs: tuple(t.clone().contiguous() for t in xs),
-            report={"partition": partition})
+            report={"partition": partition},
+        )
 
-    def check_program(self, model: str, op_list: list[str], info: PteInfo,
-                      options: ExportOptions) -> list[str]:
+    def check_program(
+        self, model: str, op_list: list[str], info: PteInfo, options: ExportOptions
+    ) -> list[str]:
         return xnnpack_program_checks(self.name, model, info)
 
     def program_report(self, op_list: list[str]) -> dict[str, Any]:

@@ -39,8 +39,10 @@ OUTPUT_STEPS = 2.0
 class XnnpackInt8(Flow):
     name = "xnnpack_int8"
     summary = "int8 through ExecuTorch's XNNPACK delegate (Cortex-A Linux boards)"
-    quantization = ("int8 PT2E with XNNPACKQuantizer: per-channel symmetric weights; static "
-                    "activations with calibration inputs, else dynamic (Linear layers)")
+    quantization = (
+        "int8 PT2E with XNNPACKQuantizer: per-channel symmetric weights; static "
+        "activations with calibration inputs, else dynamic (Linear layers)"
+    )
     lowering = "to_edge_transform_and_lower with the XnnpackPartitioner"
     host_reference = "the .pte run by the host ExecuTorch pybindings (XNNPACK, x86 kernels)"
     quantized = True
@@ -57,11 +59,14 @@ class XnnpackInt8(Flow):
         scales = [q.scale for q in output_quant if q is not None]
         if not scales:  # dynamic quantization: float outputs, per-inference scales
             return {"atol": 0.05, "rtol": 0.0}
-        return {"atol": max(OUTPUT_STEPS * max(scales), XNNPACK_FP32_TOLERANCE["atol"]),
-                "rtol": 0.0}
+        return {
+            "atol": max(OUTPUT_STEPS * max(scales), XNNPACK_FP32_TOLERANCE["atol"]),
+            "rtol": 0.0,
+        }
 
-    def lower(self, spec: ModelSpec, stages: Stages, target: ExportTarget,
-              options: ExportOptions) -> FlowResult:
+    def lower(
+        self, spec: ModelSpec, stages: Stages, target: ExportTarget, options: ExportOptions
+    ) -> FlowResult:
         st = stages
         with st.step("import torch/executorch"):
             import torch
@@ -74,12 +79,14 @@ class XnnpackInt8(Flow):
         config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic)
         # Dynamic: the Linear layers only, as ExecuTorch's XNNPACK recipes quantize
         # transformers (annotating every op would quantize the embedding's token ids too).
-        quantizer = (XNNPACKQuantizer().set_module_type(torch.nn.Linear, config) if dynamic
-                     else XNNPACKQuantizer().set_global(config))
+        quantizer = (
+            XNNPACKQuantizer().set_module_type(torch.nn.Linear, config)
+            if dynamic
+            else XNNPACKQuantizer().set_global(config)
+        )
         inputs = tuple(t.clone().contiguous() for t in spec.example_inputs)
         calibration = [tuple(t.clone().contiguous() for t in s) for s in spec.calibration_inputs]
-        converted, pt2e_reference, eager = quantize_pt2e(spec, st, inputs, calibration,
-                                                         quantizer)
+        converted, pt2e_reference, eager = quantize_pt2e(spec, st, inputs, calibration, quantizer)
         with st.step("torch.export (quantized)"):
             qep = torch.export.export(converted, inputs)
         output_quant = _output_quant(qep, len(pt2e_reference))
@@ -91,16 +98,25 @@ class XnnpackInt8(Flow):
 
         reference = reference_fn(inputs)
         return FlowResult(
-            pte=pte, inputs=inputs, reference=reference, eager=eager,
-            input_quant=[None] * len(inputs), output_quant=output_quant,
-            reference_kind=self.fallback_reference_kind, reference_fn=reference_fn,
+            pte=pte,
+            inputs=inputs,
+            reference=reference,
+            eager=eager,
+            input_quant=[None] * len(inputs),
+            output_quant=output_quant,
+            reference_kind=self.fallback_reference_kind,
+            reference_fn=reference_fn,
             prepare_inputs=lambda xs: tuple(t.clone().contiguous() for t in xs),
             pt2e_reference=pt2e_reference,
-            report={"partition": partition,
-                    "xnnpack_quantization": "dynamic" if dynamic else "static"})
+            report={
+                "partition": partition,
+                "xnnpack_quantization": "dynamic" if dynamic else "static",
+            },
+        )
 
-    def check_program(self, model: str, op_list: list[str], info: PteInfo,
-                      options: ExportOptions) -> list[str]:
+    def check_program(
+        self, model: str, op_list: list[str], info: PteInfo, options: ExportOptions
+    ) -> list[str]:
         return xnnpack_program_checks(self.name, model, info)
 
     def program_report(self, op_list: list[str]) -> dict[str, Any]:
@@ -117,8 +133,11 @@ def _output_quant(ep: Any, count: int) -> list[QuantParams | None]:
         target = str(getattr(arg, "target", ""))
         if "dequantize_per_tensor" in target and len(arg.args) >= 6:
             _, scale, zp, qmin, qmax, dtype = arg.args[:6]
-            result.append(QuantParams(float(scale), int(zp), int(qmin), int(qmax),
-                                      str(dtype).replace("torch.", "")))
+            result.append(
+                QuantParams(
+                    float(scale), int(zp), int(qmin), int(qmax), str(dtype).replace("torch.", "")
+                )
+            )
         else:
             result.append(None)
     return result + [None] * (count - len(result))

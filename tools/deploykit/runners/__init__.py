@@ -45,6 +45,6 @@ def runner_options() -> tuple[RunnerOption, ...]:
     return tuple(seen.values())
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "RUNNERS", "FvpRunner", "LinuxRunner", "PicoRunner", "QemuRunner", "RunResult",
-           "Runner", "RunnerOption", "icount_instructions", "runner_class", "runner_for_board",
-           "runner_options", "runner_section"]
+__all__ = ["DEFAULT_TIMEOUT_S", "RUNNERS", "FvpRunner", "LinuxRunner", "PicoRunner", "QemuRunner",
+           "RunResult", "Runner", "RunnerOption", "icount_instructions", "runner_class",
+           "runner_for_board", "runner_options", "runner_section"]

@@ -49,17 +49,32 @@ class LinuxRunner(Runner):
     supports_icount = False
     is_simulator = False  # a board over SSH; under qemu-user it only emulates the CPU
     options = (
-        RunnerOption("--host", "host", "HOST",
-                     "linux boards: run on this SSH host (alias or user@host) instead of "
-                     "qemu-aarch64 here; default: the board file's linux.ssh_host"),
-        RunnerOption("--threads", "threads", "N",
-                     "linux boards: XNNPACK threads of the runner (default: the board file's "
-                     "linux.threads, its cores)"),
+        RunnerOption(
+            "--host",
+            "host",
+            "HOST",
+            "linux boards: run on this SSH host (alias or user@host) instead of "
+            "qemu-aarch64 here; default: the board file's linux.ssh_host",
+        ),
+        RunnerOption(
+            "--threads",
+            "threads",
+            "N",
+            "linux boards: XNNPACK threads of the runner (default: the board file's "
+            "linux.threads, its cores)",
+        ),
     )
 
-    def __init__(self, config: Mapping[str, Any], linux: Mapping[str, Any], *,
-                 host: str | None = None, threads: int | str | None = None,
-                 qemu: str = QEMU_USER, done_grace_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        linux: Mapping[str, Any],
+        *,
+        host: str | None = None,
+        threads: int | str | None = None,
+        qemu: str = QEMU_USER,
+        done_grace_s: float = 5.0,
+    ) -> None:
         if config.get("kind") != "linux":
             raise ConfigError(f"runner kind {config.get('kind')!r} is not linux")
         self.qemu_cpu: str = str(linux["qemu_cpu"])
@@ -70,21 +85,26 @@ class LinuxRunner(Runner):
         except (TypeError, ValueError):
             self.threads = 0
         if not 1 <= self.threads <= 256:
-            raise ConfigError(f"--threads {threads!r}: not a thread count.",
-                              "Give a whole number from 1 to 256.")
+            raise ConfigError(
+                f"--threads {threads!r}: not a thread count.", "Give a whole number from 1 to 256."
+            )
         self.qemu = qemu
         self.done_grace_s = done_grace_s
         self._log_path: Path | None = None  # the current run's runner.log
 
     @classmethod
-    def from_board(cls, board: Any, *, progress: Any = None, workspace: Path | None = None,
-                   **kwargs: Any) -> LinuxRunner:
+    def from_board(
+        cls, board: Any, *, progress: Any = None, workspace: Path | None = None, **kwargs: Any
+    ) -> LinuxRunner:
         raw = board.raw if hasattr(board, "raw") else board
         if "linux" not in raw:
-            raise ConfigError(f"board {raw.get('name', '?')}: no `linux:` section",
-                              "Add `linux: {threads: 4, qemu_cpu: cortex-a76}`.")
-        return cls(board.runner if hasattr(board, "runner") else raw["runner"], raw["linux"],
-                   **kwargs)
+            raise ConfigError(
+                f"board {raw.get('name', '?')}: no `linux:` section",
+                "Add `linux: {threads: 4, qemu_cpu: cortex-a76}`.",
+            )
+        return cls(
+            board.runner if hasattr(board, "runner") else raw["runner"], raw["linux"], **kwargs
+        )
 
     @property
     def where(self) -> str:
@@ -95,9 +115,10 @@ class LinuxRunner(Runner):
         missing = [t for t in tools if shutil.which(t) is None]
         if missing:
             package = "openssh-client" if self.host else QEMU_USER_APT_PACKAGE
-            raise EnvironmentProblem(f"{', '.join(missing)} not found on PATH; it runs the "
-                                     "runner for this board.",
-                                     f"Install it: sudo apt-get install {package}.")
+            raise EnvironmentProblem(
+                f"{', '.join(missing)} not found on PATH; it runs the runner for this board.",
+                f"Install it: sudo apt-get install {package}.",
+            )
         return shutil.which(tools[0]) or tools[0]
 
     # ---- commands ---------------------------------------------------------------------------
@@ -124,41 +145,60 @@ class LinuxRunner(Runner):
         """Copy the runner to the board (mkdir + scp), unless it is there already."""
         target = self.remote_path(elf)
         steps = [
-            ["ssh", *self._ssh_options(), self.host or "",
-             f"mkdir -p {shlex.quote(self.remote_dir)} && test -x {shlex.quote(target)}"],
+            [
+                "ssh",
+                *self._ssh_options(),
+                self.host or "",
+                f"mkdir -p {shlex.quote(self.remote_dir)} && test -x {shlex.quote(target)}",
+            ],
             ["scp", "-q", *self._ssh_options(), str(elf), f"{self.host}:{target}.part"],
-            ["ssh", *self._ssh_options(), self.host or "",
-             f"chmod +x {shlex.quote(target)}.part && mv {shlex.quote(target)}.part "
-             f"{shlex.quote(target)}"],
+            [
+                "ssh",
+                *self._ssh_options(),
+                self.host or "",
+                f"chmod +x {shlex.quote(target)}.part && mv {shlex.quote(target)}.part "
+                f"{shlex.quote(target)}",
+            ],
         ]
         for i, cmd in enumerate(steps):
             log.write(f"$ {shlex.join(cmd)}\n".encode())
             log.flush()
             try:
-                res = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT,
-                                     timeout=max(5.0, deadline - time.monotonic()), check=False)
+                res = subprocess.run(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    timeout=max(5.0, deadline - time.monotonic()),
+                    check=False,
+                )
             except subprocess.TimeoutExpired as e:
-                raise RunError(f"Copying the runner to {self.host} timed out.",
-                               "Check that `ssh HOST true` works without a prompt.") from e
+                raise RunError(
+                    f"Copying the runner to {self.host} timed out.",
+                    "Check that `ssh HOST true` works without a prompt.",
+                ) from e
             if i == 0 and res.returncode == 0:
                 return  # the same runner is there already
             if i == 0 and res.returncode == 255:
                 raise EnvironmentProblem(
                     f"ssh could not connect to {self.host} (exit 255).",
                     "Check `ssh HOST true` (host alias, key in your agent or ssh config; "
-                    "deploykit never answers a password prompt).", log_path=str(self._log_path))
+                    "deploykit never answers a password prompt).",
+                    log_path=str(self._log_path),
+                )
             if i > 0 and res.returncode != 0:
-                raise EnvironmentProblem(f"Copying the runner to {self.host}:{target} failed "
-                                         f"(exit {res.returncode}).",
-                                         f"Check that {self.remote_dir} is writable there "
-                                         "and that scp works (sshd's sftp subsystem).",
-                                         log_path=str(self._log_path))
+                raise EnvironmentProblem(
+                    f"Copying the runner to {self.host}:{target} failed (exit {res.returncode}).",
+                    f"Check that {self.remote_dir} is writable there "
+                    "and that scp works (sshd's sftp subsystem).",
+                    log_path=str(self._log_path),
+                )
 
     # ---- run --------------------------------------------------------------------------------
 
-    def run(self, elf: Path, out_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-            check: bool = True) -> RunResult:
+    def run(
+        self, elf: Path, out_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, check: bool = True
+    ) -> RunResult:
         self.check_environment()
         elf = Path(elf)
         run_dir = run_dir_for(elf, out_dir)
@@ -170,16 +210,24 @@ class LinuxRunner(Runner):
         timed_out = killed = False
         proc: subprocess.Popen | None = None
         env = {**os.environ, "DK_THREADS": str(self.threads)}
-        with open(console_path.with_suffix(".part"), "wb") as console, \
-                open(log_path.with_suffix(".part"), "wb") as log:
+        with (
+            open(console_path.with_suffix(".part"), "wb") as console,
+            open(log_path.with_suffix(".part"), "wb") as log,
+        ):
             try:
                 if self.host:
                     self._copy(elf, log, deadline)
                 cmd = self.command(elf)
                 log.write(f"$ {shlex.join(cmd)}\n".encode())
                 log.flush()
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=log, env=env, start_new_session=True)
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    env=env,
+                    start_new_session=True,
+                )
                 assert proc.stdout is not None
                 timed_out, killed = self._pump(proc, proc.stdout, dec, console, deadline)
             finally:
@@ -197,15 +245,29 @@ class LinuxRunner(Runner):
         if self.host and exit_code == 255:
             exit_code = None  # ssh's own failure, not the runner's status
         result = RunResult(
-            records=records, exit_code=exit_code, wall_seconds=time.monotonic() - start,
-            console_log=console_path, runner_log=log_path,
-            runner=f"the runner ({self.where})", supports_exit_code=self.supports_exit_code,
-            timed_out=timed_out, timeout_s=timeout_s, killed=killed, command=tuple(cmd),
-            notes=[f"{self.threads} thread(s)"])
+            records=records,
+            exit_code=exit_code,
+            wall_seconds=time.monotonic() - start,
+            console_log=console_path,
+            runner_log=log_path,
+            runner=f"the runner ({self.where})",
+            supports_exit_code=self.supports_exit_code,
+            timed_out=timed_out,
+            timeout_s=timeout_s,
+            killed=killed,
+            command=tuple(cmd),
+            notes=[f"{self.threads} thread(s)"],
+        )
         return result.check() if check else result
 
-    def _pump(self, proc: subprocess.Popen, stdout: BinaryIO, dec: Decoder, console: BinaryIO,
-              deadline: float) -> tuple[bool, bool]:
+    def _pump(
+        self,
+        proc: subprocess.Popen,
+        stdout: BinaryIO,
+        dec: Decoder,
+        console: BinaryIO,
+        deadline: float,
+    ) -> tuple[bool, bool]:
         """Read the runner's standard output until it closes. Returns (timed_out, killed)."""
         fd = stdout.fileno()
         done_deadline: float | None = None
