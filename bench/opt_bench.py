@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from deploykit.errors import DeployKitError
     from deploykit.flows import get_flow
     from deploykit.flows.base import ExportOptions, ExportTarget
     from deploykit.flows.common import Stages
@@ -126,9 +127,14 @@ def main(argv: list[str] | None = None) -> int:
 
     for label, flow, repeats in flows:
         t0 = time.perf_counter()
-        result = get_flow(flow).lower(
-            spec, Stages(flow, args.model), ExportTarget("cortex-a76"), ExportOptions()
-        )
+        try:
+            result = get_flow(flow).lower(
+                spec, Stages(flow, args.model), ExportTarget("cortex-a76"), ExportOptions()
+            )
+        except DeployKitError as exc:  # one runtime failing does not hide the others
+            rows.append({"runtime": label, "flow": flow, "error": exc.cause})
+            print(f"  {label}: export failed: {exc.cause}", flush=True)
+            continue
         export_s = time.perf_counter() - t0
         method = Runtime.get().load_program(result.pte).load_method("forward")
         out = method.execute(list(result.inputs))[0]
@@ -152,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{'/ eager':>9}  max |diff| to eager"
     )
     for r in rows:
+        if "error" in r:
+            print(f"{r['runtime']:<28}  failed: {r['error']}")
+            continue
         r["ratio_to_eager"] = r["median_ms"] / eager
         diff = f"{r['max_abs_diff_to_eager']:.2e}" if "max_abs_diff_to_eager" in r else "-"
         print(

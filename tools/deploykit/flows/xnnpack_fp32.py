@@ -38,15 +38,23 @@ def check_cortex_a(cpu: str) -> None:
 
 
 def lower_with_xnnpack(
-    program: Any, st: Stages, options: ExportOptions
+    program: Any, st: Stages, options: ExportOptions, dynamic: bool = False
 ) -> tuple[bytes, dict[str, Any]]:
     """The exported program through the XNNPACK partitioner: the `.pte` bytes and the
-    partition report (export.json's `partition`, which `inspect` shows)."""
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    partition report (export.json's `partition`, which `inspect` shows). `dynamic`: the
+    dynamically quantized linears are partitioned first, each on its own, as ExecuTorch's
+    LLM export does (one partitioner for all of a transformer finds dependency cycles)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+        XnnpackDynamicallyQuantizedPartitioner,
+        XnnpackPartitioner,
+    )
     from executorch.exir import to_edge_transform_and_lower
 
+    partitioners = [XnnpackPartitioner()]
+    if dynamic:
+        partitioners.insert(0, XnnpackDynamicallyQuantizedPartitioner())
     with st.step("to_edge_transform_and_lower (XnnpackPartitioner)"):
-        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        edge = to_edge_transform_and_lower(program, partitioner=partitioners)
         partition = partition_report(edge.exported_program())
     with st.step("to_executorch"):
         return bytes(edge.to_executorch(options.backend_config()).buffer), partition

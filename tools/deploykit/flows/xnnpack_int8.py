@@ -90,7 +90,7 @@ class XnnpackInt8(Flow):
         with st.step("torch.export (quantized)"):
             qep = torch.export.export(converted, inputs)
         output_quant = _output_quant(qep, len(pt2e_reference))
-        pte, partition = lower_with_xnnpack(qep, st, options)
+        pte, partition = lower_with_xnnpack(qep, st, options, dynamic=dynamic)
         method = host_method(pte, st)
 
         def reference_fn(xs: tuple[Any, ...]) -> list[Any]:
