@@ -43,6 +43,8 @@
 #                            per ExecuTorch tree in DK_ET_RUNTIME_CACHE_DIR/host-flatc-<hash>.
 #   DK_ET_FP_CONTRACT        off (default): no FMA contraction, fp32 rounds like the host; fast.
 #   DK_GENERATED_DIR, CMAKE_TOOLCHAIN_FILE   as for the firmware (board.cmake gives the CPU).
+#   DK_PROFILE_EVENTS        ON: profiling firmware (firmware/runner/event_tracer.cpp); the
+#                            runtime is built with ET_EVENT_TRACER_ENABLED, in its own key.
 #   DK_ETHOS_U               ON: the NPU half (ethos_u_int8 firmware): Arm's Ethos-U core driver
 #                            and ExecuTorch's EthosUBackend, built in the keyed runtime
 #                            (executorch-runtime/ethos_u.cmake), EthosUBackend's registration
@@ -85,6 +87,7 @@ endforeach()
 set(DK_ET_FP_CONTRACT off CACHE STRING
     "-ffp-contract for ExecuTorch code: off (default; fp32 results round like the host's) or fast")
 option(DK_ETHOS_U "Link the Ethos-U delegate and Arm's core driver (ethos_u_int8)" OFF)
+option(DK_PROFILE_EVENTS "Profiling firmware: the runtime with its EventTracer hooks" OFF)
 set(DK_ETHOS_U_DRIVER_DIR "" CACHE PATH "Ethos-U core driver sources")
 set(DK_CMSIS_DIR "" CACHE PATH "CMSIS_6 sources (CMSIS/Core/Include)")
 set(DK_ETHOS_U_NPU_CONFIG "" CACHE STRING "The driver's ETHOSU_TARGET_NPU_CONFIG, ethos-u85-256")
@@ -193,6 +196,7 @@ function(_dk_et_configure_runtime)
       -DDK_ET_FP_CONTRACT=${DK_ET_FP_CONTRACT}
       -DDK_FLATC=${_dk_flatc}
       -DDK_ETHOS_U=${DK_ETHOS_U}
+      -DDK_ET_EVENT_TRACER=${DK_PROFILE_EVENTS}
       -DDK_ETHOS_U_DRIVER_DIR=${DK_ETHOS_U_DRIVER_DIR}
       -DDK_CMSIS_DIR=${DK_CMSIS_DIR}
       -DDK_ETHOS_U_NPU_CONFIG=${DK_ETHOS_U_NPU_CONFIG}

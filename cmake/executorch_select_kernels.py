@@ -29,12 +29,13 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
 
 
-def _entries(functions_yaml: Path) -> dict[str, list[str]]:
+def entries(functions_yaml: Path) -> dict[str, list[str]]:
     """`namespace::name.overload` -> kernel function names, from a kernel YAML."""
     out: dict[str, list[str]] = {}
     for entry in yaml.safe_load(functions_yaml.read_text()) or []:
@@ -44,6 +45,22 @@ def _entries(functions_yaml: Path) -> dict[str, list[str]]:
         kernels = [k["kernel_name"].split("::")[-1] for k in entry.get("kernels", [])]
         out[op] = kernels
     return out
+
+
+def kernel_library(op: str, prim_ops: Iterable[str], portable: dict[str, list[str]],
+                   extra: dict[str, list[str]], cortex_m: dict[str, list[str]]) -> str | None:
+    """Which kernel library of the runtime build implements `op`: "prim", "portable",
+    "deploykit" (firmware/kernels), "cortex_m", or None. deploykit's export checks a model's
+    operators with this same function before anything is compiled (deploykit.op_coverage)."""
+    if op in prim_ops:
+        return "prim"
+    if op in portable:
+        return "portable"
+    if op in extra:
+        return "deploykit"
+    if op in cortex_m:
+        return "cortex_m"
+    return None
 
 
 def _count_prim_ops(et_root: Path) -> int:
@@ -120,15 +137,15 @@ def main(argv: list[str]) -> int:
         return 1
     ops = sorted((selected.get("operators") or {}).keys())
 
-    portable = _entries(et / "kernels/portable/functions.yaml")
-    cortex_m = _entries(et / "backends/cortex_m/ops/operators.yaml")
+    portable = entries(et / "kernels/portable/functions.yaml")
+    cortex_m = entries(et / "backends/cortex_m/ops/operators.yaml")
     cpu_dir = et / "kernels/portable/cpu"
     sources = {p.name: p.read_text() for p in sorted(cpu_dir.glob("op_*.cpp"))}
 
     extra: dict[str, list[str]] = {}
     extra_sources: dict[str, str] = {}
     if args.extra_functions_yaml and args.extra_kernels_dir:
-        extra = _entries(args.extra_functions_yaml)
+        extra = entries(args.extra_functions_yaml)
         extra_sources = {p.name: p.read_text()
                          for p in sorted(args.extra_kernels_dir.glob("op_*.cpp"))}
     extra_files: set[str] = set()
@@ -142,9 +159,10 @@ def main(argv: list[str]) -> int:
     missing: list[str] = []
     kernels = 0
     for op in ops:
-        if op in prim_macros:
+        library = kernel_library(op, prim_macros, portable, extra, cortex_m)
+        if library == "prim":
             prim_ops.append(op)
-        elif op in portable:
+        elif library == "portable":
             files = _portable_files(portable[op], op, cpu_dir, sources)
             if not files:
                 missing.append(f"{op} (in functions.yaml but no op_*.cpp defines it)")
@@ -152,7 +170,7 @@ def main(argv: list[str]) -> int:
             portable_files.update(files)
             portable_ops.append(op)
             kernels += max(1, len(portable[op]))
-        elif op in extra:
+        elif library == "deploykit":
             files = _portable_files(extra[op], op, args.extra_kernels_dir, extra_sources)
             if not files:
                 missing.append(f"{op} (in {args.extra_functions_yaml.name} but no op_*.cpp "
@@ -161,10 +179,10 @@ def main(argv: list[str]) -> int:
             extra_files.update(files)
             extra_ops.append(op)
             kernels += max(1, len(extra[op]))
-        elif op in cortex_m and args.cortex_m:
+        elif library == "cortex_m" and args.cortex_m:
             cortex_m_ops.append(op)
             kernels += max(1, len(cortex_m[op]))
-        elif op in cortex_m:
+        elif library == "cortex_m":
             missing.append(f"{op} (cortex_m operator: configure with -DDK_CMSIS_NN_DIR=...)")
         else:
             missing.append(op)

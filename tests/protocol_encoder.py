@@ -25,6 +25,10 @@ from deploykit.protocol.records import (
     TENSOR_HEAD_STRUCT,
     TENSOR_TAIL_STRUCT,
     TIMING_STRUCT,
+    TRACE_CLOCK_STRUCT,
+    TRACE_EVENT_STRUCT,
+    TRACE_SUMMARY_STRUCT,
+    TRACE_TENSOR_PREFIX_STRUCT,
     UINT64_MAX,
     VERSION,
     RecordType,
@@ -104,6 +108,28 @@ def npu_payload(call: int, npu_cycles: int, cpu_ticks: int,
     return bytes(out)
 
 
+def trace_clock_payload(clock: int, hz: int, event_cost_q8: int, *, debug_level: int = 0,
+                        pairs: int = 32, tracer_bytes: int = 56) -> bytes:
+    return TRACE_CLOCK_STRUCT.pack(clock, debug_level, 0, hz, event_cost_q8, pairs, tracer_bytes)
+
+
+def trace_event_payload(name: str, chain: int, handle: int, start: int, end: int,
+                        delegate_id: int = -1) -> bytes:
+    raw = name.encode()
+    return TRACE_EVENT_STRUCT.pack(chain, handle, delegate_id, start, end, len(raw)) + raw
+
+
+def trace_tensor_payloads(chain: int, handle: int, ordinal: int, array: np.ndarray, *,
+                          kind: int = 0, chunk_size: int | None = None) -> list[bytes]:
+    prefix = TRACE_TENSOR_PREFIX_STRUCT.pack(chain, handle, ordinal, kind, 0)
+    return [prefix + p for p in tensor_payloads(ordinal, array, chunk_size=chunk_size)]
+
+
+def trace_summary_payload(execute_ticks: int, tracer_ticks: int, events: int,
+                          iterations: int) -> bytes:
+    return TRACE_SUMMARY_STRUCT.pack(execute_ticks, tracer_ticks, events, iterations)
+
+
 class StreamEncoder:
     """Encodes a device's record stream, numbering seq and counting records like firmware."""
 
@@ -145,6 +171,25 @@ class StreamEncoder:
     def npu(self, call: int, npu_cycles: int, cpu_ticks: int,
             counters: Mapping[str, int]) -> bytes:
         return self.frame(RecordType.NPU, npu_payload(call, npu_cycles, cpu_ticks, counters))
+
+    def trace_clock(self, clock: int, hz: int, event_cost_q8: int, **kw: int) -> bytes:
+        return self.frame(RecordType.TRACE_CLOCK,
+                          trace_clock_payload(clock, hz, event_cost_q8, **kw))
+
+    def trace_event(self, name: str, chain: int, handle: int, start: int, end: int,
+                    delegate_id: int = -1) -> bytes:
+        return self.frame(RecordType.TRACE_EVENT,
+                          trace_event_payload(name, chain, handle, start, end, delegate_id))
+
+    def trace_tensor(self, chain: int, handle: int, ordinal: int, array: np.ndarray, *,
+                     kind: int = 0, chunk_size: int | None = None) -> bytes:
+        return b"".join(self.frame(RecordType.TRACE_TENSOR, p) for p in trace_tensor_payloads(
+            chain, handle, ordinal, array, kind=kind, chunk_size=chunk_size))
+
+    def trace_summary(self, execute_ticks: int, tracer_ticks: int, events: int,
+                      iterations: int) -> bytes:
+        return self.frame(RecordType.TRACE_SUMMARY, trace_summary_payload(
+            execute_ticks, tracer_ticks, events, iterations))
 
     def done(self, status: int = 0) -> bytes:
         return self.frame(RecordType.DONE, done_payload(status, self.count))

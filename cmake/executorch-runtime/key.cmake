@@ -12,7 +12,9 @@
 # DK_ET_LOGGING, DK_ET_PIC, DK_LTO, plus DK_ET_FP_CONTRACT; with DK_ETHOS_U=ON also the NPU
 # half (ethos_u.cmake): the driver and CMSIS paths, the driver's commit (DK_ETHOS_U_DRIVER_COMMIT,
 # from the workspace) and the NPU configuration. Without it the text has no Ethos-U line, so
-# CPU-only keys are those of a runtime built before the NPU half existed. The profile's
+# CPU-only keys are those of a runtime built before the NPU half existed. With
+# DK_PROFILE_EVENTS=ON (profiling firmware) the runtime is built with its EventTracer hooks and
+# the text has an `event_tracer=ON` line. The profile's
 # link-time options (kernel registry size, primitive operators, lean libc) are model-side: not in
 # the key.
 function(dk_et_runtime_key out_key out_label out_text)
@@ -43,6 +45,10 @@ function(dk_et_runtime_key out_key out_label out_text)
       "executorch_commit=${DK_ET_COMMIT}")
     string(APPEND _text "${_item}\n")
   endforeach()
+  # Only profiling runtimes carry this line, so the keys of all others are unchanged.
+  if(DK_PROFILE_EVENTS)
+    string(APPEND _text "event_tracer=ON\n")
+  endif()
   if(DK_ETHOS_U)
     string(APPEND _text "ethos_u=${DK_ETHOS_U_NPU_CONFIG} driver=${DK_ETHOS_U_DRIVER_DIR} "
                         "${DK_ETHOS_U_DRIVER_COMMIT} cmsis=${DK_CMSIS_DIR}\n")

@@ -237,4 +237,16 @@ void dk_send_done(uint32_t status) {
   (void)dk_send_record(DK_REC_DONE, b, sizeof b);
 }
 
+#if DK_PROFILE_EVENTS
+int dk_send_record_parts(uint8_t type, const dk_part_t *parts, size_t count) {
+  size_t total = 0u;
+  for (size_t i = 0u; i < count; ++i) total += parts[i].len;
+  if (total > DK_PROTOCOL_MAX_PAYLOAD) return -1;
+  dk_frame_begin(type, (uint32_t)total);
+  for (size_t i = 0u; i < count; ++i) dk_frame_put(parts[i].data, parts[i].len);
+  dk_frame_end();
+  return 0;
+}
+#endif
+
 uint32_t dk_protocol_records_sent(void) { return dk_records; }

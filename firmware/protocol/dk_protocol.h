@@ -31,7 +31,12 @@ enum {
   DK_REC_FAULT = 6,
   DK_REC_DONE = 7,
   DK_REC_LOG = 8,
-  DK_REC_NPU = 9
+  DK_REC_NPU = 9,
+  /* Profiling firmware only (DK_PROFILE_EVENTS, firmware/runner/event_tracer.cpp). */
+  DK_REC_TRACE_CLOCK = 10,
+  DK_REC_TRACE_EVENT = 11,
+  DK_REC_TRACE_TENSOR = 12,
+  DK_REC_TRACE_SUMMARY = 13
 };
 
 /* `done` status values, also the program's exit code. */
@@ -131,6 +136,19 @@ void dk_send_done(uint32_t status);
 /* `log`: free UTF-8 text. dk_send_log_n takes a length instead of a terminator. */
 void dk_send_log(const char *text);
 void dk_send_log_n(const char *text, size_t len);
+
+#if DK_PROFILE_EVENTS
+/* One piece of a record's payload, for dk_send_record_parts. */
+typedef struct dk_part {
+  const void *data;
+  size_t len;
+} dk_part_t;
+
+/* One frame whose payload is the concatenation of `count` parts (no copy). Returns 0, or -1 if
+ * the total exceeds DK_PROTOCOL_MAX_PAYLOAD. Compiled only into profiling firmware, so that a
+ * build without it stays byte-identical. */
+int dk_send_record_parts(uint8_t type, const dk_part_t *parts, size_t count);
+#endif
 
 /* Records sent since boot (not wrapped, unlike seq). */
 uint32_t dk_protocol_records_sent(void);

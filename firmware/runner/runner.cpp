@@ -21,6 +21,11 @@
  * pool, from which EthosUBackend takes the Vela scratch, grows by DK_NPU_SCRATCH_SIZE and moves
  * to section .dk_npu_scratch (the region the memory mode needs); every delegate call is
  * reported in an `npu` record after the outputs.
+ *
+ * Profiling firmware (DK_PROFILE_EVENTS=1, event_tracer.cpp; deploykit profile and run
+ * --debug-intermediates): the method runs with deploykit's streaming EventTracer, which sends
+ * each operator's event (and, with DK_TRACE_INTERMEDIATES, its output tensors) as it happens; a
+ * `trace_summary` record follows `timing`. Without it this file compiles to what it always did.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -50,6 +55,9 @@
 #if DK_ETHOS_U
 #include "npu.h"
 #endif
+#if DK_PROFILE_EVENTS
+#include "event_tracer.h"
+#endif
 
 using executorch::aten::ScalarType;
 using executorch::aten::Tensor;
@@ -69,6 +77,9 @@ using executorch::runtime::TensorInfo;
 
 #ifndef DK_ETHOS_U
 #define DK_ETHOS_U 0
+#endif
+#ifndef DK_PROFILE_EVENTS
+#define DK_PROFILE_EVENTS 0
 #endif
 
 #ifndef DK_ET_RUNTIME_KEY
@@ -337,6 +348,9 @@ int main(void) {
   // An NPU that is absent or does not initialise ends the run here, with its error record.
   if (dk_npu_init() != 0) finish(DK_STATUS_ET_ERROR);
 #endif
+#if DK_PROFILE_EVENTS
+  dk_trace_init();
+#endif
 
   BufferDataLoader loader(dk_model_pte, dk_model_pte_size);
   Result<Program> program = Program::load(&loader);
@@ -374,7 +388,11 @@ int main(void) {
   HierarchicalAllocator planned({spans, n_planned});
   MemoryManager memory(&method_allocator, &planned, &temp_allocator);
 
+#if DK_PROFILE_EVENTS
+  Result<Method> method = program->load_method(*name, &memory, dk_trace_tracer());
+#else
   Result<Method> method = program->load_method(*name, &memory);
+#endif
   if (!method.ok()) {
     if (method_allocator.failed_request() != 0)
       fail_pool("method_pool", DK_METHOD_POOL_SIZE, method_allocator.failed_request());
@@ -383,11 +401,23 @@ int main(void) {
 
   // Every input set runs through the same loaded method; only execute() is timed.
   uint64_t ticks = 0;
+#if DK_PROFILE_EVENTS
+  uint64_t tracer_ticks = 0;
+  uint32_t tracer_events = 0;
+#endif
   for (size_t set = 0; set < DK_NUM_INPUT_SETS; ++set) {
     set_inputs(*method, *meta, set);
+#if DK_PROFILE_EVENTS
+    const uint64_t overhead0 = dk_trace_overhead_ticks();
+    const uint32_t events0 = dk_trace_events();
+#endif
     const uint64_t t0 = dk_ticks();
     Error err = method->execute();
     ticks += dk_ticks() - t0;
+#if DK_PROFILE_EVENTS
+    tracer_ticks += dk_trace_overhead_ticks() - overhead0;
+    tracer_events += dk_trace_events() - events0;
+#endif
     if (err != Error::Ok) {
       if (temp_allocator.failed_request() != 0)
         fail_pool("temp_pool", kTempPoolBytes, temp_allocator.failed_request());
@@ -399,6 +429,9 @@ int main(void) {
     send_outputs(*method, set);
   }
   dk_send_timing(ticks, dk_tick_hz(), DK_NUM_INPUT_SETS, DK_INSTRUCTIONS_UNKNOWN);
+#if DK_PROFILE_EVENTS
+  dk_trace_send_summary(ticks, tracer_ticks, tracer_events, DK_NUM_INPUT_SETS);
+#endif
 #if DK_ETHOS_U
   dk_npu_send_records();
 #endif

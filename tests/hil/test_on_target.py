@@ -1,7 +1,7 @@
 """Hardware-in-the-loop tests: the same file runs on QEMU, an FVP or a board.
 
     pytest tests/hil --board qemu-an547
-    pytest tests/hil --board pico2 --port /dev/ttyACM0
+    pytest tests/hil --board pico2 --dk-port /dev/ttyACM0
 """
 
 import numpy as np

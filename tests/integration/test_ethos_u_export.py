@@ -210,8 +210,8 @@ def test_mobilenet_v2_is_one_npu_segment(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_mobilenet_v2_lrn_splits_in_two_with_lrn_on_the_cpu(tmp_path):
-    r = _export_mobilenet("mobilenet_v2_lrn", tmp_path)
+def test_mobilenet_v2_lrn_splits_in_two_with_lrn_on_the_cpu(mobilenet_v2_lrn_ethos_u):
+    r = mobilenet_v2_lrn_ethos_u  # tests/integration/conftest.py
     info = inspect_pte(r.pte_path)
     kinds = [s.kind for s in info.segments]
     assert kinds == ["cpu", "delegate", "cpu", "delegate", "cpu"]
@@ -223,6 +223,10 @@ def test_mobilenet_v2_lrn_splits_in_two_with_lrn_on_the_cpu(tmp_path):
     assert "aten::avg_pool3d" not in {op for d in info.delegates for op in d.ops}
     report = json.loads(r.report_path.read_text())
     assert report["reference"]["tosa_reference_check"]["delegates"] == 2
+    # Each delegate's TOSA graph (what Vela compiled) is kept beside the .pte.
+    tosa_files = [d["tosa_file"] for d in report["partition"]["delegates"]]
+    assert tosa_files == ["delegate_0.tosa", "delegate_1.tosa"]
+    assert all((r.pte_path.parent / f).read_bytes()[4:8] == b"TOSA" for f in tosa_files)
     assert any("split into 2 Ethos-U delegates" in w for w in report["warnings"])
     text = api.describe_program(info)
     assert "CPU fallback ops: aten::avg_pool3d.out" in text

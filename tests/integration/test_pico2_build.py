@@ -213,7 +213,7 @@ def test_uart_console_without_tinyusb_fitted_by_proxy(tmp_path_factory, monkeypa
     assert_bootable_image(fw, board)
     assert "qemu-an505 (proxy" in built.planned.fit.measured_on
     assert "outputs match the host reference" in built.planned.fit.parity
-    assert "tinyusb" not in fw.map_file.read_text().lower()  # not even an object of it
+    assert "lib/tinyusb/" not in fw.map_file.read_text().lower()  # not even an object of it
     with open(fw.elf, "rb") as f:
         names = {s.name for s in ELFFile(f).get_section_by_name(".symtab").iter_symbols()}
     assert not any(n.startswith(("tud_", "dcd_", "tusb_")) for n in names)  # no TinyUSB
@@ -224,20 +224,21 @@ def test_uart_console_without_tinyusb_fitted_by_proxy(tmp_path_factory, monkeypa
 
 @requires_sources
 @requires_qemu
-def test_usb_cdc_image_code_goal(tmp_path_factory):
-    """The USB CDC image of the proxy test: code <= 40 KiB; RAM without the SDK code it runs
-    from RAM (.time_critical) <= 10 KiB (docs/pico2.md says why not with it)."""
+def test_usb_cdc_image_goals(tmp_path_factory):
+    """The USB CDC image of the proxy test meets the goals of issue 18: every RAM section
+    together <= 10 KiB, code <= 40 KiB; and no code runs from RAM (the E15 workaround is off on
+    the RP2350, and the SDK's flash-write/second-core RAM functions are linked in flash:
+    docs/pico2.md)."""
     out = tmp_path_factory.getbasetemp() / "pico2-fit" / "mlp_mnist"
     if not (out / "fit.json").exists():
         pytest.skip("needs test_fit_by_proxy_without_a_board's build (run the module)")
     built = api.build("pico2", "mlp_mnist", flow="cortex_m_int8", out=out)
     ram, code = _static_ram_and_code(built.firmware)
+    sram = load_board("pico2").region("sram")
     with open(built.firmware.elf, "rb") as f:
-        elf = ELFFile(f)
-        data = elf.get_section_by_name(".data")
-        lo, hi = data["sh_addr"], data["sh_addr"] + data["sh_size"]
-        objects = sum(s["st_size"] for s in elf.get_section_by_name(".symtab").iter_symbols()
-                      if s["st_info"]["type"] == "STT_OBJECT" and lo <= s["st_value"] < hi)
-    ram_code = data["sh_size"] - objects
+        in_ram = sorted(s.name for s in ELFFile(f).get_section_by_name(".symtab").iter_symbols()
+                        if s["st_info"]["type"] == "STT_FUNC" and s["st_size"]
+                        and sram.origin <= s["st_value"] < sram.end)
+    assert in_ram == []
     assert code <= 40 * 1024, code
-    assert ram - ram_code <= 10 * 1024, (ram, ram_code)
+    assert ram <= 10 * 1024, ram

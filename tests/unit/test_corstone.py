@@ -1,6 +1,6 @@
 """Corstone-300/-320 boards: board files, the NPU section and its overrides, the FVP command line
 and run loop (against a stand-in FVP executable), Vela scratch read from a real Ethos-U `.pte`,
-the NPU memory plan and its fit check, and the explore command's missing-package message.
+the NPU memory plan and its fit check.
 
 The Arm FVPs and the Ethos-U driver are not on this machine; nothing here needs them. The
 `.pte` tests export tiny_cnn for real (about 5 s)."""
@@ -11,7 +11,6 @@ import copy
 import json
 import stat
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -417,54 +416,6 @@ def test_plan_refuses_a_pte_built_for_another_mac_count(tiny_u85):
         plan_memory(board, inspect_pte(tiny_u85.pte_path))
     with pytest.raises(ConfigError, match="has no NPU"):
         plan_memory(load_board("qemu-an547"), inspect_pte(tiny_u85.pte_path))
-
-
-# ---- explore -----------------------------------------------------------------------------
-
-
-def test_explore_without_the_extra_says_how_to_install(tmp_path, monkeypatch, capsys):
-    from deploykit import explore
-    from deploykit.cli import main
-
-    pte = tmp_path / "m.pte"
-    pte.write_bytes(b"x")
-    monkeypatch.setattr(explore, "PACKAGES", {"deploykit_no_such_module_a": "dist-a",
-                                              "deploykit_no_such_module_b": "dist-b"})
-    assert main(["explore", str(pte)]) == int(ExitCode.ENVIRONMENT)
-    err = capsys.readouterr().err
-    assert 'pip install "deploykit[explore]"' in err and "dist-a, dist-b" in err
-
-
-def test_explore_extra_is_declared():
-    text = (REPO / "pyproject.toml").read_text()
-    extra = text.split("explore = [", 1)[1].split("]", 1)[0]
-    assert "ai-edge-model-explorer" in extra and "pte-adapter-model-explorer" in extra
-
-
-def test_explore_calls_model_explorer_with_the_pte_adapter(tmp_path, monkeypatch):
-    """With stand-in packages on sys.path: the call deploykit makes."""
-    from deploykit import explore
-
-    pkgs = tmp_path / "site"
-    (pkgs / "pte_adapter_model_explorer").mkdir(parents=True)
-    (pkgs / "pte_adapter_model_explorer" / "__init__.py").write_text("")
-    (pkgs / "model_explorer").mkdir()
-    (pkgs / "model_explorer" / "__init__.py").write_text(textwrap.dedent("""
-        calls = []
-        def visualize(model_paths=(), host="localhost", port=8080, extensions=(),
-                      no_open_in_browser=False):
-            calls.append((model_paths, port, list(extensions), no_open_in_browser))
-    """))
-    monkeypatch.syspath_prepend(str(pkgs))
-    for mod in ("model_explorer", "pte_adapter_model_explorer"):
-        monkeypatch.delitem(sys.modules, mod, raising=False)
-    pte = tmp_path / "m.pte"
-    pte.write_bytes(b"x")
-    explore.explore(pte, port=9000, open_browser=False)
-    import model_explorer
-
-    assert model_explorer.calls == [(str(pte.resolve()), 9000, ["pte_adapter_model_explorer"],
-                                     True)]
 
 
 def test_every_board_with_an_npu_resolves():

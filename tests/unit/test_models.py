@@ -16,7 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 torch = pytest.importorskip("torch")
 
-BUNDLED = ["mlp_mnist", "tiny_cnn"]
+# Bundled model -> the shape of its output.
+OUTPUT_SHAPES = {"mlp_mnist": (1, 10), "tiny_cnn": (1, 10), "gru_kws": (1, 12),
+                 "transformer_block": (1, 16, 32)}
+BUNDLED = list(OUTPUT_SHAPES)
 
 
 def write_model(tmp_path: Path, body: str, name: str = "user_model.py") -> Path:
@@ -62,7 +65,7 @@ def test_bundled_model_loads_and_is_deterministic(name):
         assert pa == pb and torch.equal(ta, tb)
     with torch.no_grad():
         out = a.module(*a.example_inputs)
-    assert out.shape == (1, 10) and torch.isfinite(out).all()
+    assert out.shape == OUTPUT_SHAPES[name] and torch.isfinite(out).all()
     for flow in ("portable_fp32", "cortex_m_int8"):
         assert a.tolerance_for(flow)["atol"] > 0
 

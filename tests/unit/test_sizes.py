@@ -4,6 +4,8 @@ where a firmware has been built on this machine, the totals against its ELF."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 
 from deploykit.footprint import footprint
 from deploykit.sizes import POOL_SECTIONS, component_of, size_report
+from tests.markers import requires_toolchain
 
 REPO = Path(__file__).resolve().parents[2]
 RT = "/ws/runtime-cache/et1.4.1-cortex-m55-0123/lib"
@@ -196,24 +199,60 @@ def _built_maps() -> list[Path]:
 @pytest.mark.skipif(not _built_maps(), reason="no runner firmware built on this machine "
                     "(build/<board>/<model>/firmware/dk_runner.map and .elf): run deploykit "
                     "build first")
-def test_totals_match_the_elf():
-    """On real maps: flash = every allocated section with contents, RAM = every writable or
-    contentless one, and the pools split by their symbols."""
-    from elftools.elf.constants import SH_FLAGS
-    from elftools.elf.elffile import ELFFile
+def _objdump_totals(elf: Path) -> tuple[int, int]:
+    """(flash, RAM) of an ELF by binutils' own reading of its sections: flash is every
+    allocated section with contents, RAM every allocated one that has none or that runs at
+    another address (VMA) than it loads at (LMA)."""
+    out = subprocess.run(["arm-none-eabi-objdump", "-h", str(elf)], capture_output=True,
+                         text=True, check=True).stdout
+    flash = ram = 0
+    rows = re.findall(r"^\s*\d+ (\S+)\s+([0-9a-f]+)\s+([0-9a-f]+)\s+([0-9a-f]+)\s+\S+\s+\S+\n"
+                      r"\s+(.*)$", out, re.MULTILINE)
+    for _name, size, vma, lma, flags in rows:
+        if "ALLOC" not in flags:
+            continue
+        contents = "CONTENTS" in flags and "LOAD" in flags
+        flash += int(size, 16) if contents else 0
+        ram += int(size, 16) if not contents or vma != lma else 0
+    return flash, ram
 
+
+@requires_toolchain
+def test_ram_is_what_runs_in_ram(tmp_path):
+    """A writable section that stays where it loads (.init_array in flash, as the pico-sdk
+    links it) is flash, not RAM; .data (copied) is both; .bss is RAM."""
+    (tmp_path / "t.c").write_text(
+        "int counter = 7;\nint zeroed[16];\n"
+        "__attribute__((constructor)) static void start(void) { counter++; }\n"
+        "void _start(void) { zeroed[counter] = counter; for (;;) {} }\n")
+    (tmp_path / "t.ld").write_text(
+        "MEMORY { FLASH (rx) : ORIGIN = 0x10000000, LENGTH = 64K\n"
+        "         RAM (rwx) : ORIGIN = 0x20000000, LENGTH = 16K }\n"
+        "SECTIONS {\n"
+        "  .text : { *(.text*) *(.rodata*) } > FLASH\n"
+        "  .init_array : { KEEP(*(.init_array*)) } > FLASH\n"
+        "  .data : { *(.data*) } > RAM AT> FLASH\n"
+        "  .bss (NOLOAD) : { *(.bss*) *(COMMON) } > RAM\n"
+        "}\n")
+    elf = tmp_path / "dk_runner.elf"
+    subprocess.run(["arm-none-eabi-gcc", "-mcpu=cortex-m33", "-mthumb", "-O1", "-nostdlib",
+                    "-T", str(tmp_path / "t.ld"), f"-Wl,-Map={elf.with_suffix('.map')}",
+                    "-o", str(elf), str(tmp_path / "t.c")], check=True)
+    r = size_report(elf.with_suffix(".map"), elf)
+    assert r.sections[".init_array"] == 4
+    assert (r.flash_total, r.ram_total) == _objdump_totals(elf)
+    assert r.ram_total == 4 + 64  # counter, zeroed: not the constructor table
+
+
+@pytest.mark.skipif(not _built_maps(), reason="no runner firmware built on this machine "
+                    "(build/<board>/<model>/firmware/dk_runner.map and .elf): run deploykit "
+                    "build first")
+def test_totals_match_the_elf():
+    """On real maps: the totals are binutils' (flash: allocated with contents; RAM: without
+    contents, or copied), and the pools split by their symbols."""
     for map_file in _built_maps()[:3]:
         r = size_report(map_file)
-        flash = ram = 0
-        with open(map_file.with_suffix(".elf"), "rb") as f:
-            for sec in ELFFile(f).iter_sections():
-                if not sec["sh_flags"] & SH_FLAGS.SHF_ALLOC:
-                    continue
-                nobits = sec["sh_type"] == "SHT_NOBITS"
-                flash += 0 if nobits else sec["sh_size"]
-                ram += sec["sh_size"] if nobits or sec["sh_flags"] & SH_FLAGS.SHF_WRITE else 0
-        assert r.flash_total == flash, map_file
-        assert r.ram_total == ram, map_file
+        assert (r.flash_total, r.ram_total) == _objdump_totals(map_file.with_suffix(".elf"))
         assert "C/C++ library" in r.flash_by_component
         if ".dk_pools" in r.sections:  # the NPU firmware's temp pool sits in its scratch
             assert sum(r.pools.values()) <= sum(r.sections.get(s, 0) for s in POOL_SECTIONS)

@@ -8,8 +8,10 @@ with the conventions every command shares (output directories, board defaults, p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .boards import Board, available_boards, board_origin, load_board
 from .errors import ConfigError
@@ -17,8 +19,12 @@ from .families import family_of
 from .flows import get_flow
 from .inspect_pte import ProgramInfo, inspect_pte
 from .npu import npu_config, with_npu_overrides
-from .profiles import resolve_profile
+from .profiles import BuildProfile, resolve_profile
 from .sources import SourceOverride, Workspace
+
+if TYPE_CHECKING:
+    from .explore import ExploreSession
+    from .tool_env import ToolEnv
 
 Progress = Callable[[str], None]
 
@@ -83,11 +89,25 @@ def inspect(pte: Path) -> ProgramInfo:
     return inspect_pte(pte)
 
 
-def explore(pte: Path, port: int | None = None, open_browser: bool = True) -> None:
-    """Open `pte` in Google's Model Explorer with Arm's PTE adapter (optional extra)."""
+def explore(pte: Path, port: int | None = None, open_browser: bool = True, *,
+            tosa: bool = False, node_data: Sequence[Path] = (), wheels: Path | None = None,
+            progress: Callable[[str], None] | None = None,
+            on_ready: Callable[[ExploreSession], None] | None = None) -> ExploreSession:
+    """Serve `pte` (or, `tosa`, its delegates' TOSA graphs) in Google's Model Explorer, run
+    from its own tool environment (created on first use), until Ctrl-C. `on_ready` is told
+    the URL once the server answers."""
     from .explore import explore as run
 
-    run(pte, port=port, open_browser=open_browser)
+    return run(pte, port=port, open_browser=open_browser, tosa=tosa, node_data=node_data,
+               wheels=wheels, progress=progress, on_ready=on_ready)
+
+
+def explore_setup(wheels: Path | None = None,
+                  progress: Callable[[str], None] | None = None) -> ToolEnv:
+    """Create Model Explorer's tool environment if there is none (deploykit.tool_env)."""
+    from .tool_env import ensure
+
+    return ensure(wheels=wheels, progress=progress)
 
 
 def describe_program(info: ProgramInfo) -> str:
@@ -195,14 +215,23 @@ def load_board_with(board: str, npu_macs: int | None = None,
     return with_npu_overrides(load_board(board), npu_macs, npu_memory_mode)
 
 
+def _profile(board: Board, profile: str | None, strict: bool) -> BuildProfile:
+    """The resolved build profile, with --strict applied to its export options."""
+    resolved = resolve_profile(board, profile)
+    return dataclasses.replace(resolved, strict=True) if strict else resolved
+
+
 def export(board: str, model: str, flow: str | None = None, out: Path | None = None,
            progress: Progress = _quiet, npu_macs: int | None = None,
-           npu_memory_mode: str | None = None, profile: str | None = None):
+           npu_memory_mode: str | None = None, profile: str | None = None,
+           strict: bool = False):
+    """`strict`: an operator the int8 lowering cannot take is an error, instead of being kept
+    in float (automatic mixed precision of the cortex_m flow)."""
     from .pipeline import export_stage
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
     return export_stage(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                        progress, profile=resolve_profile(b, profile))
+                        progress, profile=_profile(b, profile, strict))
 
 
 def describe_export(result) -> str:
@@ -214,7 +243,7 @@ def describe_export(result) -> str:
 def plan(board: str, model: str | None = None, flow: str | None = None, out: Path | None = None,
          workspace: Path | None = None, progress: Progress = _quiet,
          npu_macs: int | None = None, npu_memory_mode: str | None = None,
-         profile: str | None = None, pte: Path | None = None):
+         profile: str | None = None, pte: Path | None = None, strict: bool = False):
     """The memory plan of `model` (exported first) or of an existing `.pte` on `board`; raises
     MemoryPlanError, naming the region, when it does not fit. Written to <out>/plan.json."""
     from .pipeline import plan_pte, plan_stage
@@ -224,15 +253,15 @@ def plan(board: str, model: str | None = None, flow: str | None = None, out: Pat
         raise ConfigError("Plan a model or a .pte, one of them.",
                           "Give --model NAME (exported first) or --pte FILE.pte.")
     if pte is not None:
-        return plan_pte(b, Path(pte), out, progress, profile=resolve_profile(b, profile))
+        return plan_pte(b, Path(pte), out, progress, profile=_profile(b, profile, strict))
     return plan_stage(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                      progress, profile=resolve_profile(b, profile))
+                      progress, profile=_profile(b, profile, strict))
 
 
 def build(board: str, model: str, flow: str | None = None, out: Path | None = None,
           workspace: Path | None = None, progress: Progress = _quiet,
           npu_macs: int | None = None, npu_memory_mode: str | None = None,
-          profile: str | None = None, fit: bool = False):
+          profile: str | None = None, fit: bool = False, strict: bool = False):
     """`profile`: a build profile name (deploykit.profiles; default: the board file's
     `profile:`, else size). `fit`: measure the model on the board's runner first when no
     measurement is stored (<out>/fit.json), then link pools and stack at peak + margin."""
@@ -240,7 +269,7 @@ def build(board: str, model: str, flow: str | None = None, out: Path | None = No
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
     return build_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
-                          workspace, progress, profile=resolve_profile(b, profile), fit=fit)
+                          workspace, progress, profile=_profile(b, profile, strict), fit=fit)
 
 
 def run(board: str, model: str, flow: str | None = None, out: Path | None = None,
@@ -248,7 +277,7 @@ def run(board: str, model: str, flow: str | None = None, out: Path | None = None
         npu_macs: int | None = None, npu_memory_mode: str | None = None,
         runner_options: dict | None = None, inputs: Path | None = None,
         profile: str | None = None, fit: bool = False, atol: float | None = None,
-        rtol: float | None = None):
+        rtol: float | None = None, strict: bool = False):
     """Build, run on the board's runner, compare with the host. `inputs`: a directory of
     samples (input_sets.py) run in one firmware run instead of the example inputs. `fit`: as
     for build. `atol`/`rtol` override the model's tolerance. `runner_options`: options the
@@ -265,7 +294,43 @@ def run(board: str, model: str, flow: str | None = None, out: Path | None = None
     return run_firmware(b, model, resolve_flow(b, flow), out or default_out(board, model),
                         workspace, timeout, progress,
                         runner_options=runner_options, inputs_dir=inputs,
-                        profile=resolve_profile(b, profile), fit=fit, tolerance=tolerance)
+                        profile=_profile(b, profile, strict), fit=fit, tolerance=tolerance)
+
+
+def profile(board: str, model: str, flow: str | None = None, out: Path | None = None,
+            workspace: Path | None = None, timeout: float = 120.0, progress: Progress = _quiet,
+            npu_macs: int | None = None, npu_memory_mode: str | None = None,
+            runner_options: dict | None = None, profile: str | None = None,
+            fit: bool = False):
+    """Per-operator profile of `model` on `board` (profiling/stage.py, docs/profiling.md):
+    builds profiling firmware and the plain one, runs both, writes <out>/profile/."""
+    from .profiling.stage import profile_model
+    from .runners import runner_class
+
+    b = load_board_with(board, npu_macs, npu_memory_mode)
+    runner_class(b).check_options(b.name, runner_options or {})  # before the slow build
+    return profile_model(b, model, resolve_flow(b, flow), out or default_out(board, model),
+                         workspace, timeout, progress, runner_options,
+                         build_profile=resolve_profile(b, profile), fit=fit)
+
+
+def debug_intermediates(board: str, model: str, flow: str | None = None,
+                        out: Path | None = None, workspace: Path | None = None,
+                        timeout: float = 120.0, progress: Progress = _quiet,
+                        npu_macs: int | None = None, npu_memory_mode: str | None = None,
+                        runner_options: dict | None = None, profile: str | None = None,
+                        fit: bool = False, atol: float | None = None,
+                        rtol: float | None = None):
+    """Every operator's device output against the host's, in execution order (`deploykit run
+    --debug-intermediates`; profiling/stage.py, docs/profiling.md)."""
+    from .profiling.stage import debug_intermediates as debug
+    from .runners import runner_class
+
+    b = load_board_with(board, npu_macs, npu_memory_mode)
+    runner_class(b).check_options(b.name, runner_options or {})
+    return debug(b, model, resolve_flow(b, flow), out or default_out(board, model), workspace,
+                 timeout, progress, runner_options, build_profile=resolve_profile(b, profile),
+                 fit=fit, atol=atol, rtol=rtol)
 
 
 def flash(board: str, *, model: str | None = None, image: Path | None = None,
@@ -325,3 +390,34 @@ def selftest(board: str, out: Path | None = None, workspace: Path | None = None,
     b = load_board(board)
     return run_selftest(b, out or default_out(board, f"selftest-{variant}"), timeout, progress,
                         variant)
+
+
+def farm_status(coordinator: str | None = None):
+    """The places of a labgrid coordinator (`--coordinator` or LG_COORDINATOR): board kind,
+    holder, and the outcome of deploykit's last run there (docs/farm.md)."""
+    from .farm.session import FarmSession
+
+    with FarmSession(coordinator) as session:
+        return session.address, session.places()
+
+
+def describe_places(address: str, places) -> str:
+    lines = [f"labgrid coordinator {address}: {len(places)} place(s)",
+             f"  {'place':<24} {'board':<12} {'holder':<24} last result"]
+    for p in places:
+        lines.append(f"  {p.name:<24} {p.board or '-':<12} {p.holder or 'free':<24} "
+                     f"{p.last_result or '-'}")
+    return "\n".join(lines)
+
+
+def farm_exporter_config(board: str, serial: str, *, group: str | None = None,
+                         probe: str | None = None, out: Path | None = None):
+    """The labgrid exporter configuration of one board, from its board file; written to `out`
+    (atomically) when given."""
+    from .farm.exporter_config import exporter_config
+    from .fsutil import write_atomic
+
+    cfg = exporter_config(load_board(board), serial, group=group, probe=probe)
+    if out is not None:
+        write_atomic(Path(out), cfg.text)
+    return cfg

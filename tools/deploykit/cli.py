@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import api
-from .errors import DeployKitError, ExitCode
+from .errors import ConfigError, DeployKitError, ExitCode
 from .flows import flow_names, registry
 from .jsonable import to_jsonable
 from .paths import set_user_dir
@@ -71,6 +71,10 @@ def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = Tru
         p.add_argument("--profile", choices=list(PROFILES),
                        help="build profile (default: the board file's `profile:`, else "
                        f"{DEFAULT_PROFILE}); see `deploykit build --help` and docs/profiles.md")
+        p.add_argument("--strict", action="store_true",
+                       help="cortex_m_int8: fail when an operator cannot be lowered to "
+                       "int8, instead of keeping it in float (automatic mixed precision; "
+                       "docs/int8-coverage.md)")
     p.add_argument("--out", type=Path, help=f"output directory (default {out_default})")
 
 
@@ -156,13 +160,28 @@ def build_parser() -> argparse.ArgumentParser:
                        "(reference.npz) and export.json. Needs no upstream sources.")
     _common(p)
 
-    p = sub.add_parser("explore", help="open a .pte in Model Explorer (optional extra: "
-                       'pip install "deploykit[explore]")',
-                       description="Open a .pte in Google's Model Explorer through Arm's "
-                       "ExecuTorch adapter, served locally.")
-    p.add_argument("pte", type=Path, help="the .pte file")
-    p.add_argument("--port", type=int, help="port of the local Model Explorer server")
-    p.add_argument("--no-browser", action="store_true", help="serve without opening a browser")
+    p = sub.add_parser("explore", help="open a .pte (or, --tosa, its Ethos-U delegates' TOSA "
+                       "graphs) in Model Explorer", description="Serve a .pte in Google's Model "
+                       "Explorer on 127.0.0.1 through Arm's PTE adapter, with each node's "
+                       "segment (NPU delegate or CPU) as node data; --tosa shows the TOSA graph "
+                       "of each Ethos-U delegate (kept by the ethos_u_int8 export) through the "
+                       "TOSA adapter. Model Explorer runs from a pinned environment of its own, "
+                       "created on first use in the user cache ($DEPLOYKIT_TOOLS_DIR to move "
+                       "it); `deploykit doctor` reports it. Ctrl-C stops the server.")
+    p.add_argument("pte", type=Path, nargs="?", help="the .pte file (in its export directory)")
+    p.add_argument("--tosa", action="store_true",
+                   help="show the delegates' TOSA graphs (delegate_<i>.tosa beside the .pte)")
+    p.add_argument("--port", type=int, help="port on 127.0.0.1 (default: the first free one "
+                   "from 8080)")
+    p.add_argument("--no-browser", action="store_true",
+                   help="print the URL, do not open a browser")
+    p.add_argument("--node-data", type=Path, action="append", default=[], metavar="FILE",
+                   help="a further Model Explorer node data file to overlay (repeatable)")
+    p.add_argument("--wheels", type=Path, metavar="DIR", help="create the Model Explorer "
+                   "environment from this directory of wheels, without the package index "
+                   "(also $DEPLOYKIT_EXPLORE_WHEELS)")
+    p.add_argument("--setup", action="store_true",
+                   help="only create the Model Explorer environment (if missing) and exit")
 
     p = sub.add_parser("inspect", help="describe a .pte: segments in execution order, "
                        "delegates with their ops and Vela scratch, CPU ops, buffers",
@@ -209,6 +228,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, help="absolute tolerance of the device-vs-host "
                    "comparison (default: the model's TOLERANCE, else the flow's default)")
     p.add_argument("--rtol", type=float, help="relative tolerance, added to --atol")
+    p.add_argument("--debug-intermediates", action="store_true",
+                   help="also build firmware that streams every operator's output, run it, "
+                   "compare each output with the host's run of the same program in execution "
+                   "order, print the per-operator error table and name the first operator "
+                   "beyond the tolerance (<out>/debug/intermediates.json; docs/profiling.md)")
+    _board_selection(p)
+
+    p = sub.add_parser("profile", help="per-operator time on the board: a table, profile.json, "
+                       "an SVG chart and an ETDump for ExecuTorch's Inspector",
+                       description="Build the firmware with deploykit's streaming EventTracer "
+                       "(and the plain firmware, to measure what profiling costs in RAM), run "
+                       "both on the board's runner and print one row per operator: kernel "
+                       "(portable, cortex_m = CMSIS-NN, delegate), calls, time (instructions "
+                       "under QEMU, cycles on hardware, and microseconds), share and cumulative "
+                       "share of execute(). Writes <out>/profile/: profile.json, profile.svg and "
+                       "model.etdump, which executorch.devtools.Inspector opens with "
+                       "<out>/export/model.etrecord (docs/profiling.md).")
+    _common(p)
+    _fit_option(p)
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds before a silent simulator is killed (default 120)")
     _board_selection(p)
 
     p = sub.add_parser("flash", help="flash a built firmware onto a board (picotool, the "
@@ -242,7 +282,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", choices=["ok", "fault", "stack-overflow", "error"],
                    default="ok", help="make the firmware fault or report an error on purpose, "
                    "and check that the host classifies the run exactly so (default ok)")
+    _farm_parser(sub)
     return parser
+
+
+def _farm_parser(sub: Any) -> None:
+    p = sub.add_parser("farm", help="a labgrid board farm: exporter configuration, places "
+                       "(docs/farm.md)",
+                       description="Boards on a labgrid farm: `deploykit run --place` runs on "
+                       "them; these commands help set one up and watch it.")
+    farm = p.add_subparsers(dest="farm_command", required=True, metavar="COMMAND")
+    q = farm.add_parser("exporter-config", help="write a board's labgrid exporter YAML from "
+                        "its board file (VID/PID of its serial port and BOOTSEL device)")
+    _common(q, model=False, out_default="stdout")
+    q.add_argument("--serial", required=True, metavar="USB_SERIAL",
+                   help="the board's USB serial number (udev ID_SERIAL_SHORT)")
+    q.add_argument("--name", metavar="GROUP", help="resource group and place name (default "
+                   "<board>-<serial>)")
+    q.add_argument("--probe", metavar="SERIAL", help="also export this SWD debug probe")
+    q = farm.add_parser("status", help="the places: board kind, holder, last result")
+    q.add_argument("--coordinator", metavar="HOST[:PORT]",
+                   help="the labgrid coordinator (default $LG_COORDINATOR)")
+
+
+def _farm(args: argparse.Namespace, out: _Output) -> int:
+    if args.farm_command == "status":
+        address, places = api.farm_status(args.coordinator)
+        out.result({"coordinator": address, "places": places},
+                   api.describe_places(address, places))
+        return 0
+    cfg = api.farm_exporter_config(args.board, args.serial, group=args.name, probe=args.probe,
+                                   out=args.out)
+    out.result(cfg, f"wrote {args.out}" if args.out else cfg.text.rstrip())
+    return 0
 
 
 def _groups_help() -> str:
@@ -323,13 +395,33 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         out.result(ws, text)
         return 0
     if cmd == "explore":
-        api.explore(args.pte, port=args.port, open_browser=not args.no_browser)
+        if args.setup:
+            env = api.explore_setup(wheels=args.wheels, progress=out.progress)
+            out.result(env, f"Model Explorer environment: {env.path}")
+            return 0
+        if args.pte is None:
+            raise ConfigError("explore needs a .pte file.",
+                              "deploykit explore build/<board>/<model>/export/model.pte, or "
+                              "--setup to only create the Model Explorer environment.")
+
+        def ready(session: Any) -> None:
+            out.result(session, f"Model Explorer: {session.url}\n(Ctrl-C stops it)")
+            sys.stdout.flush()  # the URL now, while the server runs
+
+        api.explore(args.pte, port=args.port, open_browser=not args.no_browser,
+                    tosa=args.tosa, node_data=args.node_data, wheels=args.wheels,
+                    progress=out.progress, on_ready=ready)
         return 0
     if cmd == "inspect":
         info = api.inspect(args.pte)
         out.result(api.program_json(info), api.describe_program(info))
         return 0
+    if cmd == "farm":
+        return _farm(args, out)
     if cmd == "flash":
+        if getattr(args, "place", None):
+            raise ConfigError("`deploykit flash` flashes a board on this machine; --place is "
+                              "for `deploykit run`.", "Use deploykit run --place NAME.")
         result = api.flash(args.board, model=args.model, image=args.image, out=args.out,
                            port=args.port, probe=args.probe, workspace=args.workspace,
                            progress=out.progress)
@@ -347,7 +439,8 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
     common.update(model=args.model, flow=args.flow, npu_macs=args.npu_macs,
-                  npu_memory_mode=args.npu_memory_mode, profile=args.profile)
+                  npu_memory_mode=args.npu_memory_mode, profile=args.profile,
+                  strict=args.strict)
     if cmd == "export":
         common.pop("workspace")
         result = api.export(**common)
@@ -366,8 +459,22 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         report = api.run(**common, timeout=args.timeout,
                          runner_options=_given_runner_options(args), inputs=args.inputs,
                          atol=args.atol, rtol=args.rtol, fit=args.fit)
-        out.result(report, report.summary())
-        return 0 if report.passed else int(report.exit_code)
+        if not args.debug_intermediates:
+            out.result(report, report.summary())
+            return 0 if report.passed else int(report.exit_code)
+        debug = api.debug_intermediates(**common, timeout=args.timeout,
+                                        runner_options=_given_runner_options(args),
+                                        atol=args.atol, rtol=args.rtol, fit=args.fit)
+        out.result({"run": to_jsonable(report), "intermediates": debug.json()},
+                   f"{report.summary()}\n\n{debug.text()}")
+        if not report.passed:
+            return int(report.exit_code)
+        return int(ExitCode.MISMATCH) if debug.diverged else 0
+    if cmd == "profile":
+        profiled = api.profile(**common, timeout=args.timeout,
+                               runner_options=_given_runner_options(args), fit=args.fit)
+        out.result(profiled.json(), profiled.text())
+        return 0
     raise AssertionError(cmd)
 
 

@@ -81,7 +81,19 @@ def run_checks(workspace: Path | None = None) -> list[Check]:
         checks.append(Check("sources", False, exc.cause, exc.hint, "firmware"))
     if ws is not None:
         checks += ethos_u_checks(ws)
+    checks.append(model_explorer_check())
     return checks
+
+
+def model_explorer_check() -> Check:
+    """Model Explorer's own environment (deploykit.tool_env): optional, made on first use."""
+    from . import tool_env
+
+    st = tool_env.state()
+    fix = "" if st.ready else ("deploykit explore --setup (needs PyPI, or --wheels DIR); "
+                               "also made on the first `deploykit explore`")
+    broken = st.path.exists() and not st.ready
+    return Check("model-explorer", not broken, st.detail, fix, "explore")
 
 
 def ethos_u_checks(ws: Workspace) -> list[Check]:

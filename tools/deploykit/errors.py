@@ -22,6 +22,7 @@ class ExitCode(IntEnum):
     MISMATCH = 12
     PROTOCOL = 13
     DEVICE_ERROR = 14
+    UNSUPPORTED_OPERATOR = 15  # an exported operator has no kernel in the runtime build
 
 
 class DeployKitError(Exception):
@@ -54,6 +55,12 @@ class EnvironmentProblem(DeployKitError):
 
 class ExportError(DeployKitError):
     exit_code = ExitCode.EXPORT
+
+
+class OperatorCoverageError(ExportError):
+    """An exported operator that no kernel library of the runtime build implements."""
+
+    exit_code = ExitCode.UNSUPPORTED_OPERATOR
 
 
 class MemoryPlanError(DeployKitError):

@@ -1,48 +1,346 @@
-"""`deploykit explore model.pte`: the `.pte` in Google's Model Explorer, through Arm's PTE adapter.
+"""`deploykit explore`: a `.pte` (or its delegates' TOSA graphs) in Google's Model Explorer.
 
-Both are an optional extra (`pip install "deploykit[explore]"`: `ai-edge-model-explorer` and
-`pte-adapter-model-explorer`), imported only here. Model Explorer serves a local web UI and
-opens it in the browser; the adapter turns the ExecuTorch program (and its delegates) into
-Model Explorer's graph format.
+Model Explorer and Arm's adapters live in a tool environment of their own (deploykit.tool_env),
+never in deploykit's: explore runs `python -m model_explorer` of that environment as a child
+process, bound to 127.0.0.1, and prints its URL (and opens it in the browser unless
+`--no-browser`). Ctrl-C stops the server and returns normally.
+
+- The `.pte` view goes through the PTE adapter: the method's instructions (kernel calls and
+  delegate calls) with each delegate as its own subgraph.
+- `--tosa`: the TOSA flatbuffer of each Ethos-U delegate, kept by the ethos_u_int8 export as
+  `delegate_<i>.tosa` beside the `.pte`, through the TOSA adapter: the graph Vela compiled.
+- Node data: deploykit overlays the segment of each instruction (NPU delegate or CPU) as a
+  Model Explorer node data file keyed by the adapter's own node ids (read from the adapter's
+  conversion, not guessed). More overlays (per-operator time, per-operator error) are node
+  data files too: `node_data_file` writes one from {(graph id, node id): value}, and
+  `--node-data FILE` passes any such file through.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import webbrowser
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError, EnvironmentProblem
+from .flows.base import FLOW_FILE_GLOBS
+from .tool_env import ToolEnv, ensure
 
-EXTRA = "explore"
-PACKAGES = {  # import name -> PyPI distribution
-    "model_explorer": "ai-edge-model-explorer",
-    "pte_adapter_model_explorer": "pte-adapter-model-explorer",
-}
-ADAPTER = "pte_adapter_model_explorer"
+HOST = "127.0.0.1"  # never another interface: the server reads local files on request
+DEFAULT_PORT = 8080  # Model Explorer's own default; the next free one up to 8099, then any
+PTE_ADAPTER = "pte_adapter_model_explorer"
+TOSA_ADAPTER = "tosa_adapter_model_explorer"
+SEGMENT_COLORS = {"NPU": "#4caf50", "CPU": "#ff9800"}
+STARTUP_SECONDS = 120.0  # the first start compiles the environment's bytecode
+STOP_SECONDS = 10.0
+
+Progress = Callable[[str], None]
 
 
-def missing_packages() -> list[str]:
-    """The PyPI names of the explore extra's packages that cannot be imported here."""
-    return [dist for module, dist in PACKAGES.items()
-            if importlib.util.find_spec(module) is None]
+@dataclass(frozen=True)
+class AdapterNode:
+    """One node of the PTE adapter's graph, as far as the overlays need it."""
+
+    graph: str
+    id: str
+    label: str
+    instruction: str  # "KernelCall", "DelegateCall", ... ("" for graph inputs/outputs)
+    subgraphs: tuple[str, ...] = ()
 
 
-def explore(pte: Path, port: int | None = None, open_browser: bool = True) -> None:
-    """Serve Model Explorer with the PTE adapter on `pte` (blocks until interrupted)."""
+@dataclass(frozen=True)
+class ExploreSession:
+    """What explore served: the URL, the files shown, the node data overlaid."""
+
+    url: str
+    port: int
+    models: tuple[Path, ...]
+    node_data: tuple[Path, ...]
+
+
+def tosa_files(pte: Path) -> list[Path]:
+    """The TOSA flatbuffers of the delegates of the export that `pte` belongs to, in delegate
+    order (export.json's partition, else the files beside the .pte)."""
+    export_dir = pte.parent
+    report = export_dir / "export.json"
+    names: list[str] = []
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        delegates = json.loads(report.read_text()).get("partition", {}).get("delegates", [])
+        names = [d["tosa_file"] for d in delegates if d.get("tosa_file")]
+    if not names:
+        names = sorted(
+            (p.name for g in FLOW_FILE_GLOBS for p in export_dir.glob(g)),
+            key=lambda n: int(re.sub(r"\D", "", n) or 0),
+        )
+    files = [export_dir / n for n in names if (export_dir / n).is_file()]
+    if not files:
+        raise ConfigError(
+            f"No TOSA graph beside {pte} (the ethos_u_int8 export keeps each delegate's as "
+            "delegate_<i>.tosa).",
+            "Export the model with the ethos_u_int8 flow (a board with an NPU, e.g. "
+            "corstone-320) with this version of deploykit, then run explore --tosa on that "
+            ".pte; a CPU-only .pte has no TOSA graph.",
+        )
+    return files
+
+
+def adapter_nodes(env: ToolEnv, pte: Path) -> list[AdapterNode]:
+    """The PTE adapter's nodes for `pte`, converted in the tool environment."""
+    script = (
+        "import json, sys\n"
+        f"from {PTE_ADAPTER}.main import PTEAdapter\n"
+        "out = []\n"
+        "for c in PTEAdapter().convert(sys.argv[1], {})['graphCollections']:\n"
+        "    for g in c.graphs:\n"
+        "        for n in g.nodes:\n"
+        "            a = {x.key: x.value for x in n.attrs}\n"
+        "            out.append([g.id, n.id, n.label, a.get('Instruction Type', ''),\n"
+        "                        list(getattr(n, 'subgraphIds', None) or [])])\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run(
+        [str(env.python), "-c", script, str(pte)], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EnvironmentProblem(
+            f"The PTE adapter could not read {pte}: {last}",
+            "Check that the file is an ExecuTorch program (.pte).",
+        )
+    return [
+        AdapterNode(g, i, label, kind, tuple(subs))
+        for g, i, label, kind, subs in json.loads(proc.stdout.strip().splitlines()[-1])
+    ]
+
+
+def segment_values(nodes: Iterable[AdapterNode]) -> dict[tuple[str, str], tuple[float, str]]:
+    """(graph, node id) -> (value, colour): 1 for a delegate call (the NPU), 0 for a kernel
+    call (the CPU). Graph inputs/outputs and the delegates' own subgraphs carry none."""
+    out = {}
+    for n in nodes:
+        if n.instruction == "DelegateCall":
+            out[(n.graph, n.id)] = (1.0, SEGMENT_COLORS["NPU"])
+        elif n.instruction == "KernelCall":
+            out[(n.graph, n.id)] = (0.0, SEGMENT_COLORS["CPU"])
+    return out
+
+
+def node_data_file(
+    path: Path, name: str, values: Mapping[tuple[str, str], float | tuple[float, str]]
+) -> Path:
+    """Write a Model Explorer node data file (its ModelNodeData JSON: graph id -> results by
+    node id). A value may carry its background colour. The hook for further overlays, such
+    as per-operator time or error, once they are keyed by the adapter's node ids."""
+    graphs: dict[str, dict[str, object]] = {}
+    for (graph, node), value in sorted(values.items()):
+        number, color = value if isinstance(value, tuple) else (value, None)
+        result: dict[str, object] = {"value": number}
+        if color:
+            result["bgColor"] = color
+        graphs.setdefault(graph, {"name": name, "results": {}})["results"][node] = result  # type: ignore[index]
+    path.write_text(json.dumps(graphs, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def free_port(preferred: int | None) -> int:
+    """`preferred` if given (an error when taken), else Model Explorer's default range
+    8080-8099, else any free loopback port."""
+    if preferred is not None:
+        if not 0 < preferred < 65536:
+            raise ConfigError(f"--port {preferred} is not a TCP port.", "Give 1..65535.")
+        if not _bindable(preferred):
+            raise ConfigError(
+                f"Port {preferred} on {HOST} is in use.",
+                "Choose another with --port, or omit it for a free one.",
+            )
+        return preferred
+    for port in range(DEFAULT_PORT, DEFAULT_PORT + 20):
+        if _bindable(port):
+            return port
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def explore(
+    pte: Path,
+    *,
+    port: int | None = None,
+    open_browser: bool = True,
+    tosa: bool = False,
+    node_data: Iterable[Path] = (),
+    wheels: Path | None = None,
+    progress: Progress | None = None,
+    on_ready: Callable[[ExploreSession], None] | None = None,
+) -> ExploreSession:
+    """Serve Model Explorer on `pte` (or, with `tosa`, its delegates' TOSA graphs) until the
+    server ends or Ctrl-C stops it. `on_ready` is told the session once the server answers
+    (default: print the URL)."""
+    say = progress or (lambda _msg: None)
     pte = Path(pte)
     if not pte.is_file():
         raise ConfigError(f"No .pte file at {pte}.", "Run `deploykit export` first.")
-    missing = missing_packages()
-    if missing:
-        raise EnvironmentProblem(
-            f"Model Explorer is not installed: {', '.join(missing)} missing.",
-            f'Install the optional extra: pip install "deploykit[{EXTRA}]" (from this '
-            f"checkout: pip install -e \".[{EXTRA}]\"), or pip install {' '.join(missing)}.")
-    model_explorer = importlib.import_module("model_explorer")
-    wanted = {"extensions": [ADAPTER], "port": port,
-              "no_open_in_browser": not open_browser}
-    accepted = inspect.signature(model_explorer.visualize).parameters
-    kwargs = {k: v for k, v in wanted.items() if k in accepted and v is not None}
-    model_explorer.visualize(str(pte.resolve()), **kwargs)
+    extra = [Path(p) for p in node_data]
+    for p in extra:
+        if not p.is_file():
+            raise ConfigError(
+                f"No node data file at {p}.", "Give a Model Explorer node data JSON file."
+            )
+    models = tosa_files(pte) if tosa else [pte]
+    for p in [*models, *extra]:
+        if "," in str(p.resolve()):  # Model Explorer splits its file lists at commas
+            raise ConfigError(
+                f"Model Explorer cannot open {p}: its path has a comma.",
+                "Move or link the file to a path without one.",
+            )
+    port = free_port(port)  # a bad --port is refused before any environment work
+    env = ensure(wheels=wheels, progress=say)
+    with tempfile.TemporaryDirectory(prefix="dk-explore-") as tmp:
+        overlays = list(extra)
+        if not tosa:
+            say("reading the graph's node ids (PTE adapter)")
+            segments = segment_values(adapter_nodes(env, pte))
+            if segments:
+                overlays.insert(
+                    0,
+                    node_data_file(
+                        Path(tmp) / "segment.json", "segment (1 = NPU, 0 = CPU)", segments
+                    ),
+                )
+        return _serve(
+            env,
+            port,
+            tuple(m.resolve() for m in models),
+            tuple(overlays),
+            open_browser,
+            say,
+            on_ready,
+        )
+
+
+def _serve(
+    env: ToolEnv,
+    port: int,
+    models: tuple[Path, ...],
+    overlays: tuple[Path, ...],
+    open_browser: bool,
+    say: Progress,
+    on_ready: Callable[[ExploreSession], None] | None,
+) -> ExploreSession:
+    cmd = [
+        str(env.python),
+        "-m",
+        "model_explorer",
+        ",".join(str(m) for m in models),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--extensions",
+        f"{PTE_ADAPTER},{TOSA_ADAPTER}",
+        "--no_open_in_browser",
+    ]
+    if overlays:
+        cmd += ["--node_data_paths", ",".join(str(p.resolve()) for p in overlays)]
+    say(f"starting Model Explorer on {HOST}:{port}")
+    # Its own process group: Ctrl-C reaches deploykit, which stops the server itself (and
+    # waits for it), instead of both racing on the terminal's signal.
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+        preexec_fn=_end_with_parent,
+    )
+    ready = threading.Event()
+    found: list[str] = []
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if not found and line.startswith(f"http://{HOST}:"):
+                found.append(line.strip())
+                ready.set()
+        ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        if not ready.wait(STARTUP_SECONDS) or not found:
+            _stop(proc)
+            tail = "\n".join(lines[-8:]) or "no output"
+            raise EnvironmentProblem(
+                f"Model Explorer did not start on {HOST}:{port}:\n{tail}",
+                "Run `deploykit doctor`; try another --port.",
+            )
+        session = ExploreSession(found[0], port, models, overlays)
+        (on_ready or _print_url)(session)
+        if open_browser:
+            webbrowser.open_new_tab(session.url)
+        code = proc.wait()
+        if code != 0:
+            raise EnvironmentProblem(
+                f"Model Explorer stopped with exit code {code}:\n" + "\n".join(lines[-8:]),
+                "Run `deploykit doctor`.",
+            )
+        return session
+    except KeyboardInterrupt:
+        _stop(proc)
+        print("Model Explorer stopped.", file=sys.stderr, flush=True)
+        return ExploreSession(found[0] if found else "", port, models, overlays)
+    finally:
+        _stop(proc)
+        reader.join(timeout=2)
+
+
+def _end_with_parent() -> None:
+    """In the server process (Linux): SIGTERM when deploykit ends, however it ends, so that
+    a killed deploykit leaves no server holding the port (its own session shields it from the
+    terminal's signals)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _print_url(session: ExploreSession) -> None:
+    print(f"Model Explorer: {session.url}\n(Ctrl-C stops it)", flush=True)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGINT (Model Explorer's own way to stop), then SIGKILL if it does not end."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -30,9 +30,17 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, ExportError
 from .flows import get_flow
-from .flows.base import ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
+from .flows.base import (
+    FLOW_FILE_GLOBS,
+    ExportOptions,
+    ExportTarget,
+    Flow,
+    FlowResult,
+    QuantParams,
+)
 from .flows.common import Stages, in_steps, max_abs_diff, to_numpy
 from .fsutil import write_atomic
+from .op_coverage import check_coverage
 from .pte_reader import PteTensor, read_pte_info
 
 if TYPE_CHECKING:
@@ -41,6 +49,7 @@ if TYPE_CHECKING:
     from .models import ModelSpec
 
 PTE_NAME = "model.pte"
+ETRECORD_NAME = "model.etrecord"  # ExecuTorch's ETRecord, for Inspector (docs/profiling.md)
 OPS_YAML_NAME = "ops.yaml"
 REPORT_NAME = "export.json"
 REFERENCE_NAME = "reference.npz"
@@ -131,8 +140,9 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    outputs = (REPORT_NAME, PTE_NAME, OPS_YAML_NAME, REFERENCE_NAME)
+    outputs = (REPORT_NAME, PTE_NAME, OPS_YAML_NAME, REFERENCE_NAME, ETRECORD_NAME)
     _remove_outputs(out_dir, outputs + (ERROR_LOG_NAME,))  # never leave a stale mix behind
+    _remove_flow_files(out_dir)
 
     st = Stages(flow, spec.name, on_step)
     t_start = time.perf_counter()
@@ -147,6 +157,9 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
             with st.step("gen_oplist"), tempfile.TemporaryDirectory(prefix="dk-oplist-") as tmp:
                 ops_yaml = _gen_oplist(pte, Path(tmp))
                 op_list = _ops_from_yaml(ops_yaml)
+            with st.step("operator coverage"):
+                # Before planning or compiling: the same kernel tables as the CMake build.
+                check_coverage(op_list, art.program_graph, spec.name, spec.source_path, flow)
             set_inputs, set_references = _reference_sets(art, input_sets, st)
         export_seconds = round(time.perf_counter() - t_start, 3)
 
@@ -212,12 +225,17 @@ def export(spec: ModelSpec, flow: str, out_dir: Path, cpu: str = "cortex-m55",
         }
 
         with st.step("write outputs"):
+            for name, data in art.files.items():
+                write_atomic(out_dir / name, data)
             write_atomic(out_dir / PTE_NAME, pte)
             write_atomic(out_dir / OPS_YAML_NAME, ops_yaml)
             write_atomic(out_dir / REFERENCE_NAME, npz.getvalue())
+            if art.etrecord is not None:
+                write_atomic(out_dir / ETRECORD_NAME, _etrecord_bytes(art.etrecord))
             write_atomic(out_dir / REPORT_NAME, json.dumps(report, indent=2) + "\n")
     except BaseException as e:
         _remove_outputs(out_dir, outputs)
+        _remove_flow_files(out_dir)
         if isinstance(e, ExportError):
             log = out_dir / ERROR_LOG_NAME
             body = st.failed_traceback or "".join(traceback.format_exception(e))
@@ -336,6 +354,13 @@ def _gen_oplist(pte: bytes, work: Path) -> bytes:
     return text.replace(str(pte_path), PTE_NAME).encode()
 
 
+def _remove_flow_files(out_dir: Path) -> None:
+    """A previous export's further files (FlowResult.files), which this one may not write."""
+    for pattern in FLOW_FILE_GLOBS:
+        for path in out_dir.glob(pattern):
+            path.unlink(missing_ok=True)
+
+
 def _remove_outputs(out_dir: Path, names: tuple[str, ...]) -> None:
     for name in names:
         (out_dir / name).unlink(missing_ok=True)
@@ -347,3 +372,10 @@ def _versions() -> dict[str, str]:
 
     return {"torch": torch.__version__, "executorch": getattr(etv, "__version__", "?"),
             "executorch_git": getattr(etv, "git_version", "?")}
+
+
+def _etrecord_bytes(etrecord: Any) -> bytes:
+    """An ETRecord serialized by ExecuTorch (a zip archive), as bytes for an atomic write."""
+    buffer = io.BytesIO()
+    etrecord.save(buffer)
+    return buffer.getvalue()

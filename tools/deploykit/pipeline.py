@@ -269,10 +269,13 @@ class BuiltModel:
 def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path | None,
                    progress: Progress, *, inputs_dir: Path | None = None,
                    profile: BuildProfile | None = None, fit: bool = False,
-                   runner_options: dict | None = None, timeout: float = 120.0) -> BuiltModel:
+                   runner_options: dict | None = None, timeout: float = 120.0,
+                   variant: FirmwareVariant | None = None) -> BuiltModel:
     """Export, plan, render, build. With `fit`, a model without a stored measurement is first
     built with generous pools and run once on the board's runner; the pools, stack and heap
-    are then linked at the measured peaks plus margin (fit.py, docs/memory.md)."""
+    are then linked at the measured peaks plus margin (fit.py, docs/memory.md). `variant`: a
+    firmware built with extra definitions into its own directory (profiling firmware,
+    profiling/stage.py); the measurement, if any, is the plain firmware's."""
     ws = load_workspace(workspace)  # before the slow export: fail fast without sources
     et_commit = check_executorch_commit(ws)
     family = family_of(board)
@@ -302,6 +305,7 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
         **profile.cmake_definitions(board),
         **family.build_definitions(board, ws),
         **flow_definitions,
+        **(variant.definitions if variant else {}),
     }
 
     def compile_with(plan: MemoryPlan, target: MeasureTarget | None = None) -> Firmware:
@@ -309,7 +313,7 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
         the board file's) and build; for `target`'s board when measuring on a proxy (its own
         family and directories, the same runtime options)."""
         build_board, build_family, defs = board, family, definitions
-        gen_dir, build_dir = generated, out / "firmware"
+        gen_dir, build_dir = generated, out / (variant.directory if variant else "firmware")
         if target is not None and target.proxy is not None:
             build_board, build_family = target.board, family_of(target.board)
             gen_dir, build_dir = measurement_dirs(out, target)
@@ -321,7 +325,8 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
         render_board_files(sized, gen_dir, _stack_heap_source(build_board, plan, where),
                            plan=plan)
         render_model_files(ModelSources(
-            pte=exported.pte_path.read_bytes(), input_sets=input_sets,
+            pte=variant.pte if variant and variant.pte else exported.pte_path.read_bytes(),
+            input_sets=input_sets,
             expected_outputs=exported.reference_sets[0], plan=plan, et_commit=et_commit,
             build_info=f"flow={flow} cpu={board.cpu['core']} profile={profile.name}"),
             gen_dir)
@@ -337,8 +342,20 @@ def build_firmware(board: Board, model: str, flow: str, out: Path, workspace: Pa
              "per board and options)")
     firmware = compile_with(planned.plan)
     fp = _footprint_of(firmware, planned, model)
-    fp.write(out)
+    if variant is None:  # footprint.json describes the plain firmware
+        fp.write(out)
     return BuiltModel(planned, firmware, fp)
+
+
+@dataclass(frozen=True)
+class FirmwareVariant:
+    """A firmware built with extra CMake definitions into `<out>/<directory>`; `pte`: another
+    program with the export's operators and memory plan to embed instead of the export's (a
+    deliberately changed program whose operator outputs are compared with the export's)."""
+
+    directory: str
+    definitions: dict[str, str]
+    pte: bytes | None = None
 
 
 def _sized_board(board: Board, plan: MemoryPlan) -> Board:
@@ -538,6 +555,7 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
         instructions_estimate=result.instructions_per_iteration_estimate,
         input_sets=sets, npu_calls=npu_calls_of(records, built.planned.program),
         memory=memory, warnings=warnings,
+        mixed_precision=json.loads(exported.report_path.read_text()).get("mixed_precision", {}),
         elf=built.firmware.elf, flash_bytes=built.firmware.sizes.flash_total, cause=cause,
         log=result.console_log,
         device_outputs=[d.ravel().tolist() if d is not None else [] for d in device],

@@ -59,10 +59,12 @@ class BuildProfile:
     fixed_method_pool: int = 0
     fixed_planned_pool: int = 0  # the first planned buffer is padded to this
     fixed_temp_pool: int = 0
+    # ---- export, from the command line (--strict), not a profile's own choice ----
+    strict: bool = False  # int8: no operator kept in float (flows/mixed_precision.py)
 
     def export_options(self) -> ExportOptions:
         return ExportOptions(fold_constants=self.fold_constants, int8_io=self.int8_io,
-                             plan_inputs=self.plan_inputs)
+                             plan_inputs=self.plan_inputs, strict=self.strict)
 
     def board_for(self, board: Board) -> Board:
         """The board as this profile compiles for it: with `soft_float`, the board's CPU flags

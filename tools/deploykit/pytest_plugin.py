@@ -1,7 +1,13 @@
 """pytest plugin: the same hardware-in-the-loop tests on QEMU, an FVP or a board.
 
     pytest tests/hil --board qemu-an547
-    pytest tests/hil --board pico2 --port /dev/ttyACM0
+    pytest tests/hil --board pico2 --dk-port /dev/ttyACM0
+    pytest tests/hil --board pico2 --lg-place board=pico2     # a board on a labgrid farm
+
+Option names: deploykit's own are `--board` and `--dk-*`; the farm's is `--lg-place`, beside
+labgrid's own plugin options (`--lg-env`, `--lg-coordinator`, which gives the coordinator
+here too, else $LG_COORDINATOR). None is one of pytest-embedded's (`--port`, `--target`, ...),
+so the three plugins load together.
 
 Fixtures:
 - `board`: the parsed board file of `--board` (tests skip, with the reason, without it or
@@ -17,6 +23,7 @@ Fixtures:
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +75,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("deploykit", "deploykit hardware-in-the-loop")
     group.addoption("--board", default=None,
                     help="board (boards/<name>.yaml) the HIL tests deploy to")
-    group.addoption("--port", default=None,
+    group.addoption("--dk-port", default=None,
                     help="serial port or pyserial URL of the board (for physical boards)")
+    group.addoption("--lg-place", default=None, metavar="NAME|TAG=VALUE",
+                    help="take the board from a labgrid farm: this place, or any free place "
+                    "with these tags (deploykit[farm]; coordinator: --lg-coordinator or "
+                    "$LG_COORDINATOR)")
     group.addoption("--dk-timeout", type=float, default=120.0,
                     help="seconds a single run may take on the target (default 120)")
+
+
+def _runner_options(config: pytest.Config) -> dict[str, Any]:
+    """The runner options the command line gives: a local port, or a labgrid place (with the
+    coordinator of labgrid's own plugin option when it is loaded)."""
+    place = config.getoption("--lg-place")
+    if not place:
+        return {"port": config.getoption("--dk-port")}
+    coordinator = None
+    with contextlib.suppress(ValueError):  # labgrid's plugin is not loaded
+        coordinator = config.getoption("--lg-coordinator")
+    return {"port": config.getoption("--dk-port"), "place": place,
+            "coordinator": coordinator}
 
 
 @pytest.fixture(scope="session")
@@ -84,8 +108,8 @@ def board(request: pytest.FixtureRequest) -> Board:
         from .pipeline import resolve_runner_options
         from .runners import runner_for_board
 
-        options = resolve_runner_options(b, {"port": request.config.getoption("--port")}, None,
-                                  lambda _m: None)
+        options = resolve_runner_options(b, _runner_options(request.config), None,
+                                         lambda _m: None)
         runner_for_board(b, **options).check_environment()
     except DeployKitError as exc:
         pytest.skip(f"board {name} is not usable here: {exc.cause} {exc.hint}".strip())
@@ -102,9 +126,12 @@ def deployed(board: Board, request: pytest.FixtureRequest,
         out = tmp_path_factory.mktemp(f"{board.name}-{model or firmware}-{variant}")
         try:
             if firmware == "selftest":
+                from .pipeline import resolve_runner_options
                 from .selftest import run_selftest
 
-                report = run_selftest(board, out, timeout, lambda _m: None, variant)
+                options = resolve_runner_options(board, _runner_options(request.config), None,
+                                                 lambda _m: None)
+                report = run_selftest(board, out, timeout, lambda _m: None, variant, options)
                 records = report.records
             else:
                 if model is None:
@@ -114,7 +141,7 @@ def deployed(board: Board, request: pytest.FixtureRequest,
 
                 report = run_firmware(board, model, resolve_flow(board, flow), out, None,
                                       timeout, lambda _m: None,
-                                      {"port": request.config.getoption("--port")})
+                                      _runner_options(request.config))
                 records = report.records
         except DeployKitError as exc:
             if "sources not available" in exc.cause:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .errors import ExitCode
+from .flows.mixed_precision import describe_float
 from .inspect_pte import ProgramInfo
 from .jsonable import to_jsonable
 from .protocol import RunRecords
@@ -85,6 +87,8 @@ class RunReport:
     # Ethos-U firmware: one entry per delegate call (NPU cycles from its PMU, the call's CPU
     # ticks, the PMU event counters), beside Vela's estimate for the same delegate.
     npu_calls: list[NpuCall] = field(default_factory=list)
+    # int8 flows: the operators that ran in float (export.json's mixed_precision).
+    mixed_precision: dict[str, Any] = field(default_factory=dict)
     # Every decoded record of the run (for the HIL plugin); not part of the JSON report.
     records: RunRecords | None = field(default=None, repr=False, metadata={"json": False})
 
@@ -105,6 +109,7 @@ class RunReport:
                     + f" (atol {o.tolerance.atol:.3g}) {'ok' if o.passed else 'MISMATCH'}"
                     + (f": {o.problem}" if o.problem else ""))
             lines.append(f"  reference: {self.reference_kind}")
+        lines += [f"  {line}" for line in describe_float(self.mixed_precision)]
         if self.input_sets and self.input_sets.count > 1:
             lines.append(f"  {self.input_sets.describe()}")
         for i, values in enumerate(self.device_outputs):

@@ -75,17 +75,19 @@ VARIANTS = {"ok": (0, ExitCode.OK), "fault": (1, ExitCode.FAULT),
 
 
 def run_selftest(board: Board, out: Path, timeout: float, progress: Callable[[str], None],
-                 variant: str = "ok") -> SelftestReport:
+                 variant: str = "ok", runner_options: dict | None = None) -> SelftestReport:
     """Build and run the self-test. `variant` other than "ok" makes the firmware fault or
     report an error on purpose; the self-test then passes when the host classifies the run
-    exactly so (a fault record naming the faulting pc, or an error record and done 1)."""
+    exactly so (a fault record naming the faulting pc, or an error record and done 1).
+    `runner_options`: the runner's keyword arguments (pipeline.resolve_runner_options), e.g.
+    a board's port or its labgrid place."""
     mode, expected_outcome = VARIANTS[variant]
     generated = out / "generated"
     render_board_files(board, generated)
     progress(f"building the selftest firmware ({variant}) for {board.name}")
     fw = family_of(board).build_image(board, generated, out / "firmware", "selftest",
                                       {"DK_SELFTEST_FAULT": str(mode)}, progress=progress)
-    runner = runner_for_board(board)
+    runner = runner_for_board(board, **(runner_options or {}))
     progress(f"running {fw.elf.name} on {runner.kind}")
     result = runner.run(fw.elf, out, timeout_s=timeout, check=variant == "ok")
     if variant != "ok":

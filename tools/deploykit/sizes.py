@@ -234,6 +234,15 @@ class SizeReport:
         return "\n".join(lines)
 
 
+def _copied(section, loads: list) -> bool:
+    """Whether a section with contents runs at another address than the one it loads at."""
+    addr = section["sh_addr"]
+    for seg in loads:
+        if seg["p_vaddr"] <= addr < seg["p_vaddr"] + max(seg["p_memsz"], 1):
+            return seg["p_paddr"] != seg["p_vaddr"]
+    return False
+
+
 def _elf_layout(elf: Path) -> tuple[dict[str, tuple[bool, bool]], dict[str, int]]:
     """(output section -> (takes flash, takes RAM), pool symbol -> size) from the ELF."""
     from elftools.elf.constants import SH_FLAGS
@@ -243,14 +252,17 @@ def _elf_layout(elf: Path) -> tuple[dict[str, tuple[bool, bool]], dict[str, int]
     pools: dict[str, int] = {}
     with open(elf, "rb") as f:
         e = ELFFile(f)
+        loads = [seg for seg in e.iter_segments() if seg["p_type"] == "PT_LOAD"]
         for sec in e.iter_sections():
             flags = sec["sh_flags"]
             if not flags & SH_FLAGS.SHF_ALLOC:
                 continue
             nobits = sec["sh_type"] == "SHT_NOBITS"
-            # Contents are in the image (flash); writable or contentless sections are RAM
-            # (.data is both: its load image in flash, copied to RAM at reset).
-            kinds[sec.name] = (not nobits, nobits or bool(flags & SH_FLAGS.SHF_WRITE))
+            # Contents are in the image (flash); contentless sections are RAM, and so is a
+            # section with contents that runs elsewhere than it loads (.data: its load image
+            # in flash, copied to RAM at reset). Being writable is not enough: the pico-sdk
+            # keeps .init_array and the like, writable, in flash where they load.
+            kinds[sec.name] = (not nobits, nobits or _copied(sec, loads))
         symtab = e.get_section_by_name(".symtab")
         for name, labels in ((".dk_pools", POOL_SYMBOLS), (NPU_SCRATCH_SECTION, NPU_POOL_SYMBOLS)):
             pools_sec = e.get_section_by_name(name)

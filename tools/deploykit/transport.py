@@ -93,10 +93,11 @@ def default_list_ports() -> list[Any]:
 
 
 def reboot_to_bootsel(device: str, baud: int = 1200) -> None:
-    """Open `device` at `baud` and close it: the pico-sdk's USB stdio then reboots the board
-    into BOOTSEL (PICO_STDIO_USB_RESET_MAGIC_BAUD_RATE, 1200 by default)."""
+    """Open `device` (a port, or a pyserial URL such as a farm's rfc2217://) at `baud` and
+    close it: the pico-sdk's USB stdio then reboots the board into BOOTSEL
+    (PICO_STDIO_USB_RESET_MAGIC_BAUD_RATE, 1200 by default)."""
     try:
-        s = serial.Serial(device, baudrate=baud)
+        s = serial.serial_for_url(device, baudrate=baud)
         s.dtr = False
         s.close()
     except (serial.SerialException, OSError):

@@ -39,10 +39,13 @@ class ExportOptions:
     # caller's buffer (the runner's embedded inputs, read in place), and the planned buffers
     # shrink by the input bytes.
     plan_inputs: bool = True
+    # cortex_m_int8: an operator the int8 lowering cannot take is an error, instead of being
+    # kept in float (automatic mixed precision, flows/mixed_precision.py).
+    strict: bool = False
 
     def key(self) -> str:
         return (f"fold_constants={self.fold_constants} int8_io={self.int8_io} "
-                f"plan_inputs={self.plan_inputs}")
+                f"plan_inputs={self.plan_inputs}" + (" strict=True" if self.strict else ""))
 
     def backend_config(self, **kwargs: Any) -> Any:
         """to_executorch's ExecutorchBackendConfig for these options (and `kwargs`)."""
@@ -99,6 +102,25 @@ class FlowResult:
     report: dict[str, Any] = field(default_factory=dict)  # flow entries of export.json
     reference_report: dict[str, Any] = field(default_factory=dict)  # under "reference"
     warnings: list[str] = field(default_factory=list)
+    # Further files of the export, by name, written beside the .pte (the Ethos-U flow: each
+    # delegate's TOSA flatbuffer, for `deploykit explore --tosa`). Names match FLOW_FILE_GLOBS.
+    files: dict[str, bytes] = field(default_factory=dict)
+    # ExecuTorch's ETRecord of this export (executorch.devtools), written beside the .pte as
+    # model.etrecord, so that Inspector can read a profile's ETDump with it; None when the flow
+    # makes none.
+    etrecord: Any = None
+    # The final program's graph (out-variant operators, with the model's stack traces): the
+    # operator-coverage check names the model line of an operator with no kernel from it.
+    program_graph: Any = None
+
+
+# The names a flow may give its further files (FlowResult.files), so that an export removes
+# a previous export's files of that kind before it writes its own.
+DELEGATE_TOSA_NAME = "delegate_{index}.tosa"
+# The export directory's log of what a flow worked around (the cortex_m flow's mixed
+# precision: the upstream failure and its reproduction).
+NOTES_NAME = "export-notes.log"
+FLOW_FILE_GLOBS = ("delegate_*.tosa", NOTES_NAME)
 
 
 class Flow(abc.ABC):

@@ -2,23 +2,40 @@
 
 ``CortexMQuantizer`` + PT2E ``prepare_pt2e`` / calibrate / ``convert_pt2e`` (flows/pt2e.py) ->
 torch.export -> ``to_edge_transform_and_lower`` with the Cortex-M edge config of
-``backends/cortex_m/test/tester.py`` -> ``CortexMPassManager`` for the board CPU
+``backends/cortex_m/test/tester.py`` -> the passes of ``CortexMPassManager`` for the board CPU
 (``CortexMTargetConfig``: MVE/DSP/scalar CMSIS-NN paths take differently laid-out constants,
-so the ``.pte`` is CPU-specific) -> ``to_executorch``. 4-D float inputs are made channels-last
-(the CMSIS-NN kernels are NHWC), so such an input's bytes are NHWC on the device: see
-``input_dim_orders`` / ``export.memory_order_bytes``. The ``.pte`` cannot run on the host (no
-``cortex_m::`` kernels there), so the reference is the lowered graph run through the
+so the ``.pte`` is CPU-specific); where they fail, the failing operator is kept in float and
+the whole is redone (flows/mixed_precision.py) -> float linears to ``addmm``
+(flows/cortex_m_float_linear.py) -> ``to_executorch``. 4-D float inputs are made
+channels-last (the CMSIS-NN kernels are NHWC), so such an input's bytes are NHWC on the
+device: see ``input_dim_orders`` / ``export.memory_order_bytes``. The ``.pte`` cannot run on
+the host (no ``cortex_m::`` kernels there), so the reference is the lowered graph run through the
 cortex_m ops' Python reference code (integer arithmetic modelled on CMSIS-NN), else the
 converted PT2E model run in PyTorch.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import traceback
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
-from .base import ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
+from ..errors import ConfigError, ExportError
+from .base import NOTES_NAME, ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
 from .common import flatten_tensors, in_steps, max_abs_diff, parse_cpu, to_numpy
+from .cortex_m_float_linear import decompose_float_linear_pass
+from .mixed_precision import (
+    MAX_FALLBACKS,
+    FloatChoice,
+    LoweringFailure,
+    UpstreamFailure,
+    choice_for,
+    excluding,
+    failing_node,
+    float_compute,
+    op_base,
+    summary,
+)
 from .pt2e import dequantize, io_quant, quantize, quantize_pt2e
 
 if TYPE_CHECKING:
@@ -36,7 +53,8 @@ class CortexMInt8(Flow):
     summary = "int8 on CMSIS-NN through ExecuTorch's cortex_m backend (any Cortex-M)"
     quantization = "int8 PT2E with CortexMQuantizer (per-tensor activations)"
     lowering = ("to_edge_transform_and_lower + CortexMPassManager for the board CPU's "
-                "CMSIS-NN path (MVE, DSP or scalar)")
+                "CMSIS-NN path (MVE, DSP or scalar); what it cannot take stays float "
+                "(mixed precision, --strict to refuse)")
     host_reference = ("the lowered graph through the cortex_m ops' integer reference "
                       "(CMSIS-NN semantics), else the quantized PT2E model")
     quantized = True
@@ -51,11 +69,9 @@ class CortexMInt8(Flow):
         st = stages
         with st.step("import torch/executorch"):
             import torch
-            from executorch.backends.cortex_m.passes.cortex_m_pass_manager import (
-                CortexMPassManager,
-            )
             from executorch.backends.cortex_m.quantizer.quantizer import CortexMQuantizer
             from executorch.exir import to_edge_transform_and_lower
+            from executorch.exir.program._program import _transform
 
         cpu_target = _target_config(target.cpu)
 
@@ -68,19 +84,39 @@ class CortexMInt8(Flow):
         inputs = tuple(nhwc(t) for t in spec.example_inputs)
         calibration = [tuple(nhwc(t) for t in sample) for sample in spec.calibration_inputs]
 
-        converted, reference, eager = quantize_pt2e(spec, st, inputs, calibration,
-                                                    CortexMQuantizer())
-        with st.step("torch.export (quantized)"):
-            qep = torch.export.export(converted, inputs)
-        with st.step("to_edge_transform_and_lower"):
-            edge = to_edge_transform_and_lower(qep,
-                                               compile_config=_cortex_m_edge_compile_config())
-        with st.step("CortexMPassManager"):
-            lowered = CortexMPassManager(edge.exported_program(),
-                                         target_config=cpu_target).transform()
+        excluded: list[FloatChoice] = []
+        upstream: UpstreamFailure | None = None
+        while True:
+            quantizer = excluding(CortexMQuantizer(), excluded, spec.source_path)
+            converted, reference, eager = quantize_pt2e(spec, st, inputs, calibration,
+                                                        quantizer)
+            with st.step("torch.export (quantized)"):
+                qep = torch.export.export(converted, inputs)
+            with st.step("to_edge_transform_and_lower"):
+                edge = to_edge_transform_and_lower(
+                    qep, compile_config=_cortex_m_edge_compile_config(), generate_etrecord=True)
+            with st.step("CortexMPassManager"):
+                lowered, failure = _cortex_m_passes(edge.exported_program(), cpu_target)
+                if failure is None:
+                    failure = _unconverted_quantized_op(lowered)
+            if failure is None:
+                break
+            choice = _fall_back(failure, spec, excluded, options, st)
+            if upstream is None:
+                upstream = failure.upstream(spec.source_path)
+            excluded.append(choice)
+        with st.step("float linears to addmm"):
+            lowered = _transform(lowered, decompose_float_linear_pass())
+            if options.fold_constants:
+                lowered = _fold_weight_transposes(lowered)
             # Upstream (tester.py, aot_arm_compiler.py) swaps the program in the same way.
             edge._edge_programs["forward"] = lowered
             input_quant, output_quant = io_quant(lowered)
+        with st.step("mixed precision report"):
+            mixed = float_compute(lowered.graph_module, spec.source_path)
+            mixed["kept_in_float"] = [c.describe() for c in excluded]
+            if upstream is not None:
+                mixed["upstream_failure"] = dataclasses.asdict(upstream)
         with st.step("cortex_m dialect check"):
             # Before to_executorch, which rewrites the graph in place to out-variants.
             dialect_check, integer_model, integer_out = _dialect_check(
@@ -100,7 +136,8 @@ class CortexMInt8(Flow):
                 # compared as floats, as with float I/O).
                 int8_inputs, int8_outputs = _make_int8_io(lowered)
         with st.step("to_executorch"):
-            pte = bytes(edge.to_executorch(options.backend_config()).buffer)
+            program = edge.to_executorch(options.backend_config())
+            pte = bytes(program.buffer)
 
         def to_device(xs: tuple[Any, ...]) -> tuple[Any, ...]:
             """Inputs as the program takes them: int8 where it starts with a quantize, made
@@ -120,6 +157,8 @@ class CortexMInt8(Flow):
                 return flatten_tensors(model(*[t.clone() for t in to_float(xs)]))
 
         warnings = []
+        if mixed["float_macs"] or excluded:
+            warnings.append(summary(mixed, excluded))
         if dialect_check.get("ran") and not dialect_check.get("bit_exact"):
             warnings.append(
                 "The cortex_m ops' integer reference (reference.npz, what the device is "
@@ -137,9 +176,14 @@ class CortexMInt8(Flow):
             report={"cortex_m_target": {
                 "cpu": cpu_target.target_string, "cmsis_nn_backend": cpu_target.backend.name,
                 **({"int8_inputs": int8_inputs, "int8_outputs": int8_outputs}
-                   if options.int8_io else {})}},
+                   if options.int8_io else {})},
+                "mixed_precision": mixed},
             reference_report={"cortex_m_dialect_check": dialect_check},
-            warnings=warnings)
+            warnings=warnings, etrecord=program.get_etrecord(),
+            files={NOTES_NAME: upstream.log_text(spec.source_path, target.cpu,
+                                                 _versions()).encode()}
+            if upstream is not None else {},
+            program_graph=program.exported_program().graph_module)
 
     def check_program(self, model: str, op_list: list[str], info: PteInfo,
                       options: ExportOptions) -> list[str]:
@@ -172,6 +216,89 @@ def _target_config(cpu: str) -> Any:
         raise ConfigError(f"CPU '{cpu}' is not supported by the ExecuTorch Cortex-M backend: "
                           f"{e}", f"Supported: {supported}.") from e
     return cfg
+
+
+def _fold_weight_transposes(ep: Any) -> Any:
+    """Fold the float linears' weight transposes (permute_copy of a constant) into constants,
+    and nothing else: the Cortex-M passes' scratch tensors are constant-computable too, but
+    must stay memory-planned (CMSIS-NN writes them)."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+
+    permute = exir_ops.edge.aten.permute_copy.default
+    others = {n.target for n in ep.graph.nodes if n.op == "call_function"} - {permute}
+    return constant_prop_pass(ep, custom_skip_targets=others)
+
+
+def _versions() -> dict[str, str]:
+    import executorch.version as etv
+    import torch
+
+    return {"torch": torch.__version__, "executorch": getattr(etv, "__version__", "?")}
+
+
+def _cortex_m_passes(ep: Any, cpu_target: Any) -> tuple[Any, LoweringFailure | None]:
+    """CortexMPassManager's passes, one at a time (the same list and order), so that a
+    failing pass's node can be found in the program it was given."""
+    from executorch.backends.cortex_m.passes.cortex_m_pass_manager import CortexMPassManager
+
+    for pass_cls in CortexMPassManager.pass_list:
+        try:
+            ep = CortexMPassManager(ep, passes=[pass_cls], target_config=cpu_target).transform()
+        except Exception as e:  # an upstream failure, whatever its type
+            cause = e.__cause__ or e
+            lines = str(cause).strip().splitlines()
+            message = f"{type(cause).__name__}: {lines[0] if lines else ''}"
+            return ep, LoweringFailure(pass_cls.__name__, e, failing_node(e, ep.graph_module),
+                                       message)
+    return ep, None
+
+
+def _unconverted_quantized_op(ep: Any) -> LoweringFailure | None:
+    """A quantize/dequantize the Cortex-M passes left (quantized_decomposed::, no kernel in
+    the runtime build): the operator it feeds or comes from is an int8 operator with no
+    cortex_m kernel."""
+    for node in ep.graph_module.graph.nodes:
+        if node.op != "call_function" or "quantized_decomposed" not in str(node.target):
+            continue
+        if "dequantize" in str(node.target):
+            producer = node.args[0]
+            culprit = producer if getattr(producer, "op", None) == "call_function" else None
+        else:
+            culprit = next((u for u in node.users if u.op == "call_function"), None)
+        return LoweringFailure(
+            "CortexMPassManager", None, culprit,
+            f"{op_base(node.target)} left unconverted next to "
+            f"{op_base(culprit.target) if culprit is not None else 'an input or output'}: "
+            "an int8 operator with no cortex_m kernel")
+    return None
+
+
+def _fall_back(failure: LoweringFailure, spec: ModelSpec, excluded: list[FloatChoice],
+               options: ExportOptions, st: Stages) -> FloatChoice:
+    """The next operator (or module) to keep in float, or the ExportError that says why
+    there is none (or --strict)."""
+    choice = (choice_for(failure.node, spec.source_path, excluded)
+              if failure.node is not None else None)
+    where = (f" on {failure.node.name}" if failure.node is not None else "")
+    if failure.error is not None:
+        st.failed_traceback = "".join(traceback.format_exception(failure.error))
+    cause = (f"cortex_m_int8 export of '{spec.name}': the int8 lowering failed in "
+             f"{failure.step}{where}: {failure.message}")
+    if options.strict:
+        raise ExportError(
+            cause + (f" (at {choice.describe()})" if choice else ""),
+            "--strict forbids keeping operators in float. Without --strict, deploykit keeps "
+            "the failing operator in float and lowers the rest to int8.")
+    if choice is None or len(excluded) >= MAX_FALLBACKS:
+        tried = "; ".join(c.describe() for c in excluded) or "nothing"
+        raise ExportError(
+            cause + f" (already kept in float: {tried})",
+            "No model line to keep in float was found for it. The model may use a pattern "
+            "this flow does not support: use --flow portable_fp32, or change that layer.")
+    if st.on_step is not None:
+        st.on_step(f"keeping {choice.describe()} in float (mixed precision)")
+    return choice
 
 
 def _cortex_m_edge_compile_config() -> Any:

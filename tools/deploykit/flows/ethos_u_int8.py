@@ -10,9 +10,10 @@ NCHW. The reference is the lowered program run on the host with each delegate's 
 (the one Vela compiled) in the TOSA reference model of tosa-tools, and its CPU ops in PyTorch:
 the NPU's integer semantics. Its difference from the converted PT2E model is recorded
 (``reference.tosa_reference_check``; ``pt2e_output_<i>`` in reference.npz); the PT2E model is
-the fallback reference when the TOSA run fails. ``export.json`` gets ``partition``: the graph
-in execution order (delegate segments with their edge ops and Vela's summary, CPU op runs),
-keyed by delegate index, which ``deploykit inspect`` shows.
+the fallback reference when the TOSA run fails. Each delegate's TOSA flatbuffer is kept
+beside the .pte as ``delegate_<i>.tosa`` (``deploykit explore --tosa``). ``export.json`` gets
+``partition``: the graph in execution order (delegate segments with their edge ops and Vela's
+summary, CPU op runs), keyed by delegate index, which ``deploykit inspect`` shows.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, EnvironmentProblem, ExportError
 from ..npu import npu_config, npu_firmware_definitions
-from .base import ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
+from .base import (
+    DELEGATE_TOSA_NAME,
+    ExportOptions,
+    ExportTarget,
+    Flow,
+    FlowResult,
+    QuantParams,
+)
 from .common import flatten_tensors, in_steps, max_abs_diff, to_numpy
 from .pt2e import io_quant, quantize_pt2e
 
@@ -152,6 +160,13 @@ class EthosUInt8(Flow):
             # Delegate blobs inline in the program (as aot_arm_compiler.py writes them).
             pte = bytes(edge.to_executorch(
                 config=ExecutorchBackendConfig(extract_delegate_segments=False)).buffer)
+        # Each delegate's TOSA flatbuffer, the graph Vela compiled, kept beside the .pte for
+        # `deploykit explore --tosa`.
+        tosa_files = {DELEGATE_TOSA_NAME.format(index=d["index"]): d["_tosa"]
+                      for d in delegates if d["_tosa"] is not None}
+        for d in delegates:
+            name = DELEGATE_TOSA_NAME.format(index=d["index"])
+            d["tosa_file"] = name if name in tosa_files else None
         partition = {"backend": ETHOS_U_BACKEND, "segments": segments,
                      "delegates": [{k: v for k, v in d.items() if not k.startswith("_")}
                                    for d in delegates]}
@@ -162,7 +177,8 @@ class EthosUInt8(Flow):
             else self.fallback_reference_kind,
             reference_fn=None, prepare_inputs=None, pt2e_reference=pt2e_reference,
             report={"ethos_u": npu, "partition": partition},
-            reference_report={"tosa_reference_check": tosa_check}, warnings=warnings)
+            reference_report={"tosa_reference_check": tosa_check}, warnings=warnings,
+            files=tosa_files)
 
     def check_program(self, model: str, op_list: list[str], info: PteInfo,
                       options: ExportOptions) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ExportError
+from ..op_coverage import check_coverage, graph_op_names
 from .base import ExportOptions, ExportTarget, Flow, FlowResult
 from .common import flatten_tensors
 
@@ -47,7 +48,7 @@ class PortableFp32(Flow):
                      "model, example_inputs()) (no data-dependent Python control flow)."):
             ep = torch.export.export(spec.module, inputs)
         with st.step("to_edge_transform_and_lower"):
-            edge = to_edge_transform_and_lower(ep)
+            edge = to_edge_transform_and_lower(ep, generate_etrecord=True)
         if options.fold_constants:
             with st.step("constant_prop_pass"):
                 folded = constant_prop_pass(edge.exported_program())
@@ -56,8 +57,15 @@ class PortableFp32(Flow):
                     # public setter for a transformed program.
                     edge._edge_programs["forward"] = folded
         with st.step("to_executorch"):
-            pte = bytes(edge.to_executorch(options.backend_config()).buffer)
+            program = edge.to_executorch(options.backend_config())
+            pte = bytes(program.buffer)
 
+        with st.step("operator coverage"):
+            # Before the host runtime loads the program: it has the same portable kernels,
+            # and an operator missing there is better named with its model line.
+            graph = program.exported_program().graph_module
+            check_coverage(graph_op_names(graph), graph, spec.name, spec.source_path,
+                           self.name)
         with st.step("host reference (executorch pybindings)",
                      "The .pte did not run on the host ExecuTorch runtime; a kernel is missing "
                      "or the program is invalid."):
@@ -76,7 +84,8 @@ class PortableFp32(Flow):
             pte=pte, inputs=inputs, reference=reference, eager=eager,
             input_quant=[None] * len(inputs), output_quant=[None] * len(reference),
             reference_kind=self.fallback_reference_kind, reference_fn=reference_fn,
-            prepare_inputs=lambda xs: tuple(t.clone().contiguous() for t in xs))
+            prepare_inputs=lambda xs: tuple(t.clone().contiguous() for t in xs),
+            etrecord=program.get_etrecord(), program_graph=graph)
 
     def check_program(self, model: str, op_list: list[str], info: PteInfo,
                       options: ExportOptions) -> list[str]:

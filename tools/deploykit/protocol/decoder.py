@@ -35,6 +35,7 @@ from deploykit.protocol.records import (
     CRC_SIZE,
     DEFAULT_MAX_TENSOR_BYTES,
     DONE_STRUCT,
+    EVENT_CLOCKS,
     FAULT_REGISTERS,
     FAULT_STRUCT,
     HEADER_SIZE,
@@ -48,6 +49,10 @@ from deploykit.protocol.records import (
     TENSOR_HEAD_STRUCT,
     TENSOR_TAIL_STRUCT,
     TIMING_STRUCT,
+    TRACE_CLOCK_STRUCT,
+    TRACE_EVENT_STRUCT,
+    TRACE_SUMMARY_STRUCT,
+    TRACE_TENSOR_PREFIX_STRUCT,
     UINT64_MAX,
     VERSION,
     DeviceError,
@@ -61,6 +66,10 @@ from deploykit.protocol.records import (
     RecordType,
     Tensor,
     Timing,
+    TraceClock,
+    TraceEvent,
+    TraceSummary,
+    TraceTensor,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -178,7 +187,8 @@ class Decoder:
         self._last_key: tuple[int, int] | None = None
         self._recent: deque[tuple[int, int]] = deque(maxlen=dedup_window)
         self._recent_set: dict[tuple[int, int], int] = {}
-        self._partials: dict[int, _PartialTensor] = {}
+        # Keyed by output index, or ("trace", chain, debug handle, ordinal, kind).
+        self._partials: dict[int | tuple, _PartialTensor] = {}
         self._done_seen = False
 
     @property
@@ -200,8 +210,8 @@ class Decoder:
             return []
         out = self._scan(final=True)
         self.stats.finished = True
-        self.stats.incomplete_tensors = sorted(
-            set(self.stats.incomplete_tensors) | set(self._partials))
+        outputs = {k for k in self._partials if isinstance(k, int)}  # not the traced tensors
+        self.stats.incomplete_tensors = sorted(set(self.stats.incomplete_tensors) | outputs)
         for index in self._partials:
             self.stats._note(f"tensor {index}: stream ended before all chunks arrived")
         self._partials.clear()
@@ -316,8 +326,8 @@ class Decoder:
         if reset:
             st.resets += 1
             st._note(f"seq 0 hello after seq {(self._expected - 1) % SEQ_MODULO}: device reset")
-            st.incomplete_tensors.extend(i for i in self._partials
-                                         if i not in st.incomplete_tensors)
+            st.incomplete_tensors.extend(i for i in self._partials if isinstance(i, int)
+                                         and i not in st.incomplete_tensors)
             self._partials.clear()
             self._recent.clear()
             self._recent_set.clear()
@@ -435,12 +445,40 @@ class Decoder:
             if i != len(p):
                 raise _Malformed(f"npu payload has {len(p) - i} byte(s) after its counters")
             return [NpuRun(call, cycles, ticks, counters, seq=seq)]
+        if rtype == RecordType.TRACE_CLOCK:
+            _exact(p, TRACE_CLOCK_STRUCT.size, "trace_clock")
+            kind, level, _, hz, cost, pairs, nbytes = TRACE_CLOCK_STRUCT.unpack(p)
+            if kind not in EVENT_CLOCKS:
+                raise _Malformed(f"trace_clock: unknown event clock {kind}")
+            return [TraceClock(EVENT_CLOCKS[kind], level, hz, cost, pairs, nbytes, seq=seq)]
+        if rtype == RecordType.TRACE_EVENT:
+            if len(p) < TRACE_EVENT_STRUCT.size:
+                raise _Malformed(f"trace_event payload is {len(p)} bytes, needs at least "
+                                 f"{TRACE_EVENT_STRUCT.size}")
+            chain, handle, delegate, start, end, n = TRACE_EVENT_STRUCT.unpack_from(p)
+            _exact(p, TRACE_EVENT_STRUCT.size + n, "trace_event")
+            if end < start:
+                raise _Malformed(f"trace_event ends ({end}) before it starts ({start})")
+            name = p[TRACE_EVENT_STRUCT.size:].decode("utf-8", errors="replace")
+            return [TraceEvent(name, chain, handle, delegate, start, end, seq=seq)]
+        if rtype == RecordType.TRACE_TENSOR:
+            size = TRACE_TENSOR_PREFIX_STRUCT.size
+            if len(p) < size + TENSOR_HEAD_STRUCT.size:
+                raise _Malformed(f"trace_tensor payload is {len(p)} bytes, too short")
+            chain, handle, ordinal, kind, _ = TRACE_TENSOR_PREFIX_STRUCT.unpack_from(p)
+            t = self._tensor_chunk(seq, p[size:], key=("trace", chain, handle, ordinal, kind))
+            return [TraceTensor(chain, handle, ordinal, kind, t, seq=seq)] if t else []
+        if rtype == RecordType.TRACE_SUMMARY:
+            _exact(p, TRACE_SUMMARY_STRUCT.size, "trace_summary")
+            return [TraceSummary(*TRACE_SUMMARY_STRUCT.unpack(p), seq=seq)]
         st = self.stats
         st.unknown_records[rtype] = st.unknown_records.get(rtype, 0) + 1
         st._note(f"seq {seq}: unknown record type {rtype} ({len(p)} bytes) skipped")
         return []
 
-    def _tensor_chunk(self, seq: int, p: bytes) -> Tensor | None:
+    def _tensor_chunk(self, seq: int, p: bytes, key: object = None) -> Tensor | None:
+        """One chunk of a tensor; `key` tells the reassembly of traced tensors (`trace_tensor`)
+        from the outputs' (keyed by their index)."""
         index, dtype_code, ndim = TENSOR_HEAD_STRUCT.unpack_from(p)
         off = TENSOR_HEAD_STRUCT.size
         sizes = struct.unpack_from(f"<{ndim}I", p, off)
@@ -463,13 +501,14 @@ class Decoder:
             raise _Malformed(f"tensor {index}: chunk [{offset}, {offset + len(chunk)}) "
                              f"past total_nbytes {total}")
         header = (dtype_code, sizes, scale_raw, zero_point, total)
-        part = self._partials.get(index)
+        key = index if key is None else key
+        part = self._partials.get(key)
         if part is not None and part.header != header:
             self._tensor_conflict(index, seq, "header differs from earlier chunks")
             part = None
         if part is None:
             part = _PartialTensor(header, bytearray(total), np.zeros(total, dtype=bool))
-            self._partials[index] = part
+            self._partials[key] = part
         end = offset + len(chunk)
         seen = part.mask[offset:end]
         if seen.any():
@@ -478,14 +517,14 @@ class Decoder:
             if not np.array_equal(old, new):
                 self._tensor_conflict(index, seq, "overlapping chunk with different bytes")
                 part = _PartialTensor(header, bytearray(total), np.zeros(total, dtype=bool))
-                self._partials[index] = part
+                self._partials[key] = part
                 seen = part.mask[offset:end]
         part.data[offset:end] = chunk
         part.covered += int(len(chunk) - np.count_nonzero(seen))
         part.mask[offset:end] = True
         if part.covered < total:
             return None
-        del self._partials[index]
+        del self._partials[key]
         data = np.frombuffer(part.data, dtype=dt).reshape(sizes)
         return Tensor(index, dtype_code, tuple(sizes), float(scale), zero_point, data, seq=seq)
 
@@ -518,6 +557,11 @@ class RunRecords:
     done: Done | None = None
     logs: list[Log] = field(default_factory=list)
     npu_runs: list[NpuRun] = field(default_factory=list)  # Ethos-U firmware, one per call
+    # Profiling firmware (docs/protocol.md, types 10-13).
+    trace_clock: TraceClock | None = None
+    trace_events: list[TraceEvent] = field(default_factory=list)
+    trace_tensors: list[TraceTensor] = field(default_factory=list)
+    trace_summary: TraceSummary | None = None
     records: list[Record] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
 
@@ -551,6 +595,14 @@ class RunRecords:
                 run.logs.append(r)
             elif isinstance(r, NpuRun):
                 run.npu_runs.append(r)
+            elif isinstance(r, TraceClock):
+                run.trace_clock = r
+            elif isinstance(r, TraceEvent):
+                run.trace_events.append(r)
+            elif isinstance(r, TraceTensor):
+                run.trace_tensors.append(r)
+            elif isinstance(r, TraceSummary):
+                run.trace_summary = r
         return run
 
     def summary(self) -> str:

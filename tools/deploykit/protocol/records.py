@@ -31,6 +31,11 @@ TIMING_STRUCT = struct.Struct("<QIIQ")  # ticks, tick_hz, iterations, instructio
 DONE_STRUCT = struct.Struct("<II")  # status, records sent before done
 FAULT_STRUCT = struct.Struct("<13I")  # FAULT_REGISTERS, in that order
 NPU_HEAD_STRUCT = struct.Struct("<IQQB")  # call, npu_cycles, cpu_ticks, counter count
+# Profiling firmware only (docs/protocol.md, types 10-13).
+TRACE_CLOCK_STRUCT = struct.Struct("<BBHIIII")  # kind, debug level, 0, hz, cost_q8, pairs, bytes
+TRACE_EVENT_STRUCT = struct.Struct("<iIiQQB")  # chain, debug handle, delegate id, start, end, n
+TRACE_TENSOR_PREFIX_STRUCT = struct.Struct("<iIHBB")  # chain, debug handle, ordinal, kind, 0
+TRACE_SUMMARY_STRUCT = struct.Struct("<QQII")  # execute ticks, tracer ticks, events, iterations
 
 
 class RecordType(IntEnum):
@@ -43,6 +48,10 @@ class RecordType(IntEnum):
     DONE = 7
     LOG = 8
     NPU = 9
+    TRACE_CLOCK = 10
+    TRACE_EVENT = 11
+    TRACE_TENSOR = 12
+    TRACE_SUMMARY = 13
 
 
 class DoneStatus(IntEnum):
@@ -229,6 +238,74 @@ class NpuRun:
     seq: int = field(default=-1, compare=False)
 
 
+# The event clock of a `trace_clock` record (a board fact: boards/*.yaml timer.event_clock).
+EVENT_CLOCKS: dict[int, str] = {1: "systick", 2: "dwt-cyccnt", 3: "pmu-ccnt"}
+
+
+@dataclass
+class TraceClock:
+    """Profiling firmware: the event clock, and what one event costs that the tracer cannot
+    subtract itself (`event_cost` ticks per start/end pair, measured at start-up)."""
+
+    TYPE: ClassVar[RecordType] = RecordType.TRACE_CLOCK
+    clock: str
+    debug_level: int  # 0 events only, 2 with every operator's output tensors
+    hz: int
+    event_cost_q8: int  # ticks x 256
+    calibration_pairs: int
+    tracer_bytes: int  # sizeof the firmware's tracer object
+    seq: int = field(default=-1, compare=False)
+
+    @property
+    def event_cost(self) -> float:
+        return self.event_cost_q8 / 256.0
+
+
+@dataclass
+class TraceEvent:
+    """One profiling event: its name (OPERATOR_CALL, native_call_<op>, DELEGATE_CALL,
+    Method::execute, ...), the instruction it belongs to, and its start and end on the event
+    clock with the tracer's own ticks taken out."""
+
+    TYPE: ClassVar[RecordType] = RecordType.TRACE_EVENT
+    name: str
+    chain: int
+    debug_handle: int
+    delegate_id: int  # -1 unless a delegate's own event
+    start: int
+    end: int
+    seq: int = field(default=-1, compare=False)
+
+    @property
+    def duration(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(eq=False)
+class TraceTensor:
+    """One tensor an operator produced (run --debug-intermediates), reassembled from its
+    chunks: the instruction, its ordinal among the values that instruction logged, and whether
+    it is an intermediate (0) or a program output (1)."""
+
+    TYPE: ClassVar[RecordType] = RecordType.TRACE_TENSOR
+    chain: int
+    debug_handle: int
+    ordinal: int
+    kind: int
+    tensor: Tensor
+    seq: int = -1
+
+
+@dataclass
+class TraceSummary:
+    TYPE: ClassVar[RecordType] = RecordType.TRACE_SUMMARY
+    execute_ticks: int  # every execute(), on the timing record's clock, tracer included
+    tracer_ticks: int  # the tracer's own ticks inside them, on the event clock
+    events: int  # the events ended inside them
+    iterations: int
+    seq: int = field(default=-1, compare=False)
+
+
 # The runner's own error codes (firmware/runner/runner_errors.h, docs/protocol.md).
 ERR_NO_BACKEND = 0x1006
 ERR_NO_NPU = 0x1007
@@ -236,5 +313,6 @@ ERR_NPU_INIT = 0x1008
 ERR_NPU_RUN = 0x1009
 
 
-Record = Hello | Tensor | Timing | Memory | DeviceError | Fault | Done | Log | NpuRun
+Record = (Hello | Tensor | Timing | Memory | DeviceError | Fault | Done | Log | NpuRun
+          | TraceClock | TraceEvent | TraceTensor | TraceSummary)
 

@@ -1,0 +1,78 @@
+"""Per-operator profiling and numerical debugging for real: profiling firmware built against
+the ExecuTorch sources and run on QEMU (needs the sources: DEPLOYKIT_WORKSPACE; the first run
+builds the runtime with its EventTracer hooks, a few minutes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deploykit import api
+from deploykit.boards import load_board
+from deploykit.profiling.stage import debug_intermediates
+from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
+
+pytestmark = [requires_toolchain, requires_cmake, requires_qemu, requires_sources]
+
+
+def _shares(report) -> dict[str, float]:
+    p = report.profile
+    return {r.operator: r.ticks / p.total_ticks for r in p.rows}
+
+
+def test_mlp_int8_profile_on_an505(tmp_path):
+    report = api.profile("qemu-an505", "mlp_mnist", "cortex_m_int8", out=tmp_path)
+    p = report.profile
+    assert p.unit == "instructions"  # SysTick under QEMU -icount
+    shares = _shares(report)
+    # The input quantize and the CMSIS-NN matmuls, adding up to execute() within 2%.
+    assert shares["cortex_m::quantized_linear.out"] > 0.7
+    assert 0.05 < shares["cortex_m::quantize_per_tensor.out"] < 0.3
+    assert 0.98 <= p.operator_ticks / p.total_ticks <= 1.0
+    # The tracer's cost is taken out: the profiling run's execute() without the tracer is the
+    # plain firmware's, within 1%.
+    assert p.runner_ticks == pytest.approx(report.plain_ticks, rel=0.01)
+    assert report.ram is not None and 0 < report.ram.total <= 2048
+    written = json.loads(report.files["profile.json"].read_text())
+    assert written["operators"][0]["operator"] == "cortex_m::quantized_linear.out"
+    assert report.files["etdump"].stat().st_size > 0
+    assert report.files["etrecord"].is_file()
+    assert report.files["chart"].read_text().count("<rect") == len(p.rows)
+
+
+def test_tiny_cnn_fp32_profile_on_an547(tmp_path):
+    report = api.profile("qemu-an547", "tiny_cnn", "portable_fp32", out=tmp_path)
+    p = report.profile
+    assert p.rows[0].operator == "aten::convolution.out" and p.rows[0].kernel == "portable"
+    assert _shares(report)["aten::convolution.out"] > 0.9
+    assert 0.98 <= p.operator_ticks / p.total_ticks <= 1.0
+    assert p.runner_ticks == pytest.approx(report.plain_ticks, rel=0.01)
+
+
+def test_debug_intermediates_names_the_operator_with_a_changed_scale(tmp_path):
+    from tests.perturb import perturb_requantize_scale
+
+    board = load_board("qemu-an505")
+    clean = debug_intermediates(
+        board, "mlp_mnist", "cortex_m_int8", tmp_path, None, 120.0, lambda _m: None
+    )
+    assert clean.intermediates.first_divergence is None
+    assert len(clean.intermediates.rows) == 5
+    # The device runs the same program with the second linear layer's output scale changed by
+    # 20% after quantization; the host runs the export's.
+    pte = (tmp_path / "export" / "model.pte").read_bytes()
+    broken = debug_intermediates(
+        board,
+        "mlp_mnist",
+        "cortex_m_int8",
+        tmp_path,
+        None,
+        120.0,
+        lambda _m: None,
+        device_pte=perturb_requantize_scale(pte, 2, 0.8),
+    )
+    first = broken.intermediates.first_divergence
+    assert first is not None
+    assert (first.instruction, first.operator) == (2, "cortex_m::quantized_linear.out")
+    assert [r.passed for r in broken.intermediates.rows[:2]] == [True, True]

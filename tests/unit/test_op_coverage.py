@@ -1,0 +1,139 @@
+"""The operator-coverage tables at export are the CMake build's: the same kernel_library() of
+cmake/executorch_select_kernels.py on the same YAML files; and the error text."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploykit.errors import ExitCode, OperatorCoverageError
+from deploykit.op_coverage import check_coverage, kernel_tables, model_line
+
+pytest.importorskip("executorch")
+
+REPO = Path(__file__).resolve().parents[2]
+
+TRACE = textwrap.dedent("""\
+    File "/somewhere/torch/nn/modules/module.py", line 1775, in _call_impl
+        return forward_call(*args, **kwargs)
+    File "/models/gru_kws.py", line 37, in forward
+        out, _ = self.gru(x)
+    File "/somewhere/torch/nn/modules/rnn.py", line 1393, in forward
+        result = _VF.gru(
+""")
+
+
+def test_tables_classify_as_the_cmake_build_does():
+    tables = kernel_tables()
+    assert tables.library("aten::addmm.out") == "portable"
+    assert tables.library("aten::avg_pool3d.out") == "deploykit"  # firmware/kernels
+    assert tables.library("cortex_m::quantized_linear.out") == "cortex_m"
+    assert tables.library("executorch_prim::add.Scalar") == "prim"
+    # The two operators of issue #20: no kernel in ExecuTorch v1.4.1's libraries.
+    assert tables.library("aten::linear.out") is None
+    assert tables.library("aten::sort.values") is None
+    assert tables.library("quantized_decomposed::quantize_per_tensor.out") is None
+
+
+def test_every_yaml_entry_is_covered():
+    """Each operator of the kernel YAMLs the build reads is covered, by the library of
+    that YAML (an entry the export did not know about would be a disagreement)."""
+    tables = kernel_tables()
+    for op in tables.portable:
+        assert tables.library(op) in ("portable", "prim"), op
+    deploykit_yaml = yaml.safe_load((REPO / "firmware/kernels/functions.yaml").read_text())
+    for entry in deploykit_yaml:
+        assert tables.library("aten::" + entry["op"]) == "deploykit"
+
+
+def test_model_line_is_the_model_files_frame():
+    assert (
+        model_line(TRACE, Path("/models/gru_kws.py"))
+        == "gru_kws.py:37 in forward: out, _ = self.gru(x)"
+    )
+    # Without the model file in the trace: the innermost frame.
+    assert model_line(TRACE, Path("/elsewhere/other.py")).startswith(
+        "/somewhere/torch/nn/modules/rnn.py:1393 in forward"
+    )
+    assert model_line("", Path("/models/gru_kws.py")) is None
+
+
+def test_uncovered_operator_error_names_operator_why_and_fix():
+    tables = kernel_tables()
+    with pytest.raises(OperatorCoverageError) as e:
+        check_coverage(
+            ["aten::addmm.out", "aten::sort.values"], None, "sorter", None, "portable_fp32", tables
+        )
+    text = str(e.value)
+    assert e.value.exit_code == ExitCode.UNSUPPORTED_OPERATOR == 15
+    assert "aten::sort.values" in text and "aten::addmm.out" not in text
+    assert "why: no kernel library of the runtime build implements it" in text
+    assert "fix:" in text and "firmware/kernels/functions.yaml" in text
+    assert "Nothing was planned or compiled" in text
+
+
+def test_other_overload_is_named_in_why():
+    tables = kernel_tables()
+    with pytest.raises(OperatorCoverageError) as e:
+        check_coverage(["aten::add.Scalar"], None, "m", None, "portable_fp32", tables)
+    assert (
+        "why: ExecuTorch's portable library implements aten::add.Scalar_out, "
+        "aten::add.out but not this overload"
+    ) in str(e.value)
+
+
+@pytest.fixture
+def executorch_sources() -> Path:
+    import os
+
+    ws = os.environ.get("DEPLOYKIT_WORKSPACE")
+    tree = Path(ws) / "executorch" if ws else None
+    if tree is None or not (tree / "kernels/portable/functions.yaml").is_file():
+        pytest.skip(
+            "needs the ExecuTorch sources ($DEPLOYKIT_WORKSPACE with executorch/, "
+            "`deploykit setup`): the CMake gate script reads the source tree"
+        )
+    return tree
+
+
+def test_cmake_gate_and_export_check_agree(executorch_sources, tmp_path):
+    """The CMake script on the source tree and the export's check on the package's files
+    reject the same operators of one operator list."""
+    ops = [
+        "aten::addmm.out",
+        "aten::linear.out",
+        "aten::sort.values",
+        "cortex_m::quantized_linear.out",
+        "aten::avg_pool3d.out",
+        "aten::sym_size.int",
+    ]
+    ops_yaml = tmp_path / "ops.yaml"
+    ops_yaml.write_text(
+        yaml.safe_dump({"include_all_operators": False, "operators": {o: {} for o in ops}})
+    )
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "cmake/executorch_select_kernels.py"),
+            f"--ops-yaml={ops_yaml}",
+            f"--executorch-root={executorch_sources}",
+            "--cortex-m",
+            f"--extra-functions-yaml={REPO / 'firmware/kernels/functions.yaml'}",
+            f"--extra-kernels-dir={REPO / 'firmware/kernels'}",
+            f"--output={tmp_path / 'sel.cmake'}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 2
+    cmake_missing = set(run.stderr.split("no kernel for: ")[1].strip().split(", "))
+    tables = kernel_tables(executorch_sources)
+    assert tables.prim_ops_exact
+    export_missing = {o for o in ops if tables.library(o) is None}
+    assert cmake_missing == export_missing == {"aten::linear.out", "aten::sort.values"}

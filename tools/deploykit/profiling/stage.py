@@ -1,0 +1,386 @@
+"""`deploykit profile`: build profiling firmware, run it, and write the per-operator profile.
+
+The profiling firmware is the plain firmware plus deploykit's streaming EventTracer
+(firmware/runner/event_tracer.cpp) on the board's event clock (boards/*.yaml
+`timer.event_clock`), built into `<out>/firmware-profile`. The plain firmware is built and run
+too, so that the RAM profiling adds is measured, not estimated: static RAM from the two
+images, stack from the two runs' high-water marks.
+
+Written to `<out>/profile/`: profile.json, profile.svg, model.etdump (ExecuTorch's ETDump,
+rebuilt from the records; open it with the export's model.etrecord).
+
+`deploykit run --debug-intermediates` (`debug_intermediates`): firmware that also streams every
+operator's output tensor, built into `<out>/firmware-debug`, compared with the host operator by
+operator (intermediates.py); written to `<out>/debug/intermediates.json`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deploykit.boards import Board
+from deploykit.errors import ConfigError, DeployKitError, ExitCode
+from deploykit.fsutil import write_atomic
+from deploykit.profiles import BuildProfile
+from deploykit.profiling.chart import write_svg
+from deploykit.profiling.etdump import write_etdump
+from deploykit.profiling.intermediates import (
+    IntermediatesReport,
+    InterpretError,
+    compare_intermediates,
+)
+from deploykit.profiling.trace import (
+    Profile,
+    TraceError,
+    profile_from_records,
+    program_instructions,
+)
+
+PROFILE_DIR = "firmware-profile"
+
+
+class ProfileError(DeployKitError):
+    exit_code = ExitCode.PROTOCOL
+
+
+DEBUG_DIR = "firmware-debug"
+
+
+def event_clock(board: Board) -> dict:
+    """The board's event clock (`timer.event_clock`), or a clear error without one."""
+    clock = (board.timer or {}).get("event_clock")
+    if not clock:
+        raise ConfigError(
+            f"board {board.name} names no event clock for profiling.",
+            "Add timer.event_clock (kind: systick, dwt-cyccnt or pmu-ccnt; hz) to its board file.",
+        )
+    return clock
+
+
+def trace_definitions(board: Board, intermediates: bool) -> dict[str, str]:
+    """The CMake definitions of profiling firmware for `board`."""
+    clock = event_clock(board)
+    return {
+        "DK_PROFILE_EVENTS": "ON",
+        "DK_EVENT_CLOCK": str(clock["kind"]),
+        "DK_EVENT_CLOCK_HZ": str(int(clock["hz"])),
+        "DK_TRACE_INTERMEDIATES": "ON" if intermediates else "OFF",
+    }
+
+
+@dataclass
+class RamCost:
+    static_bytes: int  # .data + .bss of the profiling firmware minus the plain one's
+    stack_bytes: int  # stack high-water mark of the profiling run minus the plain run's
+
+    @property
+    def total(self) -> int:
+        return self.static_bytes + self.stack_bytes
+
+
+@dataclass
+class ProfileReport:
+    board: str
+    model: str
+    flow: str
+    profile: Profile
+    ram: RamCost | None
+    out_dir: Path
+    files: dict[str, Path]
+    plain_ticks: int | None  # the plain firmware's execute() ticks, for comparison
+    # Ethos-U delegates: each call is one event (a DELEGATE_CALL row); the NPU's own cycles
+    # come from the NPU firmware's records once an FVP runs it. Until then: Vela's estimate,
+    # labelled as such. delegate index -> NpuEstimate.describe().
+    npu_estimates: dict[int, str] = field(default_factory=dict)
+
+    def text(self) -> str:
+        p = self.profile
+        lines = [
+            f"profile of {self.model} ({self.flow}) on {self.board}: event clock {p.clock} "
+            f"at {p.clock_hz:,} Hz, {p.unit} per tick {p.scale:.4g}",
+            p.table(),
+            "",
+        ]
+        ops = p.operator_ticks
+        lines.append(
+            f"operators add up to {p.value(ops):,.0f} of {p.value(p.total_ticks):,.0f} "
+            f"{p.unit} of execute() ({100 * ops / (p.total_ticks or 1):.2f}%); the rest "
+            "is the runtime between operators"
+        )
+        lines.append(
+            f"tracer cost subtracted: its own ticks (counted on the device) and "
+            f"{p.event_cost:.2f} ticks per event it cannot see (measured at start-up)"
+        )
+        if p.runner_ticks is not None and self.plain_ticks:
+            lines.append(
+                f"execute() as the runner timed it: plain firmware "
+                f"{p.value(self.plain_ticks / p.iterations):,.0f} {p.unit}, "
+                f"profiling firmware minus the tracer "
+                f"{p.value(p.runner_ticks / p.iterations):,.0f} {p.unit} per run"
+            )
+        if self.ram is not None:
+            lines.append(
+                f"RAM profiling adds: {self.ram.total:,} B ({self.ram.static_bytes:,} B "
+                f"static, {self.ram.stack_bytes:,} B stack peak)"
+            )
+        lines += [
+            f"delegate {i}: {text} (not measured)" for i, text in sorted(self.npu_estimates.items())
+        ]
+        lines += [f"{k}: {v}" for k, v in self.files.items()]
+        return "\n".join(lines)
+
+    def json(self) -> dict:
+        p = self.profile
+        return {
+            "board": self.board,
+            "model": self.model,
+            "flow": self.flow,
+            "clock": {
+                "kind": p.clock,
+                "hz": p.clock_hz,
+                "unit": p.unit,
+                "units_per_tick": p.scale,
+                "event_cost_ticks": p.event_cost,
+            },
+            "iterations": p.iterations,
+            "execute_ticks": p.total_ticks,
+            "execute": p.value(p.total_ticks),
+            "operators_ticks": p.operator_ticks,
+            "runner_execute_ticks": p.runner_ticks,
+            "plain_execute_ticks": self.plain_ticks,
+            "operators": [
+                {
+                    "operator": r.operator,
+                    "kernel": r.kernel,
+                    "calls": r.calls,
+                    "ticks": r.ticks,
+                    p.unit: p.value(r.ticks),
+                    "us": p.micros(r.ticks),
+                    "share": r.ticks / (p.total_ticks or 1),
+                    "instructions": r.instructions,
+                }
+                for r in p.rows
+            ],
+            "npu_estimates": {str(i): text for i, text in self.npu_estimates.items()},
+            "ram_bytes": (
+                {
+                    "total": self.ram.total,
+                    "static": self.ram.static_bytes,
+                    "stack": self.ram.stack_bytes,
+                }
+                if self.ram
+                else None
+            ),
+            "files": {k: str(v) for k, v in self.files.items()},
+        }
+
+
+def profile_model(
+    board: Board,
+    model: str,
+    flow: str,
+    out: Path,
+    workspace: Path | None,
+    timeout: float,
+    progress: Callable[[str], None],
+    runner_options: dict | None = None,
+    *,
+    build_profile: BuildProfile | None = None,
+    fit: bool = False,
+) -> ProfileReport:
+    from deploykit.pipeline import FirmwareVariant, build_firmware, resolve_runner_options
+    from deploykit.runners import runner_for_board
+
+    definitions = trace_definitions(board, intermediates=False)
+    plain = build_firmware(
+        board,
+        model,
+        flow,
+        out,
+        workspace,
+        progress,
+        profile=build_profile,
+        fit=fit,
+        runner_options=runner_options,
+        timeout=timeout,
+    )
+    progress(
+        "building the profiling firmware (the runtime with its EventTracer hooks is cached "
+        "under its own key)"
+    )
+    traced = build_firmware(
+        board,
+        model,
+        flow,
+        out,
+        workspace,
+        progress,
+        profile=build_profile,
+        fit=fit,
+        runner_options=runner_options,
+        timeout=timeout,
+        variant=FirmwareVariant(PROFILE_DIR, definitions),
+    )
+    runner = runner_for_board(
+        board, **resolve_runner_options(board, runner_options, workspace, progress)
+    )
+    progress(f"running the plain firmware on {runner.kind}")
+    plain_run = runner.run(
+        plain.firmware.elf, out / "profile" / "plain", timeout_s=timeout, check=True
+    )
+    progress(f"running the profiling firmware on {runner.kind}")
+    run = runner.run(traced.firmware.elf, out / "profile", timeout_s=timeout, check=True)
+    exported = traced.planned.export
+    try:
+        profile = profile_from_records(
+            run.records, program_instructions(exported.pte_path.read_bytes())
+        )
+    except TraceError as exc:
+        raise ProfileError(
+            f"the profiling run cannot be read: {exc}",
+            f"See the console log under {out / 'profile'}.",
+        ) from exc
+    if run.icount_shift is not None and profile.clock == "systick":
+        profile.unit, profile.scale = (
+            "instructions",
+            1e9 / ((1 << run.icount_shift) * profile.clock_hz),
+        )
+    elif profile.clock in ("dwt-cyccnt", "pmu-ccnt"):
+        profile.unit = "cycles"
+    ram = None
+    plain_mem = plain_run.records.memory.entries if plain_run.records.memory else {}
+    traced_mem = run.records.memory.entries if run.records.memory else {}
+    if "stack" in plain_mem and "stack" in traced_mem:
+        ram = RamCost(
+            traced.firmware.sizes.static_data - plain.firmware.sizes.static_data,
+            traced_mem["stack"][0] - plain_mem["stack"][0],
+        )
+    prof_dir = out / "profile"
+    files = {
+        "profile.json": prof_dir / "profile.json",
+        "chart": prof_dir / "profile.svg",
+        "etdump": prof_dir / "model.etdump",
+    }
+    etrecord = exported.pte_path.parent / "model.etrecord"
+    if etrecord.exists():
+        files["etrecord"] = etrecord
+    write_etdump(profile, files["etdump"])
+    write_svg(
+        profile,
+        f"{exported.model_name} ({flow}) on {board.name}: {profile.unit} per operator",
+        files["chart"],
+    )
+    plain_timing = plain_run.records.timing
+    report = ProfileReport(
+        board.name,
+        exported.model_name,
+        flow,
+        profile,
+        ram,
+        prof_dir,
+        files,
+        plain_timing.ticks if plain_timing else None,
+        {
+            d.index: d.vela_estimate.describe()
+            for d in traced.planned.program.delegates
+            if d.vela_estimate is not None
+        },
+    )
+    write_atomic(files["profile.json"], json.dumps(report.json(), indent=2) + "\n")
+    return report
+
+
+@dataclass
+class DebugReport:
+    board: str
+    model: str
+    flow: str
+    intermediates: IntermediatesReport
+    path: Path
+
+    @property
+    def diverged(self) -> bool:
+        return self.intermediates.first_divergence is not None
+
+    def text(self) -> str:
+        return (
+            f"operator outputs of {self.model} ({self.flow}) on {self.board}, device vs "
+            f"host, in execution order:\n{self.intermediates.table()}\n"
+            f"intermediates.json: {self.path}"
+        )
+
+    def json(self) -> dict:
+        return {
+            "board": self.board,
+            "model": self.model,
+            "flow": self.flow,
+            **self.intermediates.json(),
+        }
+
+
+def debug_intermediates(
+    board: Board,
+    model: str,
+    flow: str,
+    out: Path,
+    workspace: Path | None,
+    timeout: float,
+    progress: Callable[[str], None],
+    runner_options: dict | None = None,
+    *,
+    build_profile: BuildProfile | None = None,
+    fit: bool = False,
+    atol: float | None = None,
+    rtol: float | None = None,
+    device_pte: bytes | None = None,
+) -> DebugReport:
+    """Build the firmware that streams every operator's output, run it, and compare each
+    output with the host's run of the same program on the same inputs (the first input set).
+    `device_pte`: run this program on the device instead of the export's (same operators and
+    memory plan, e.g. one with a changed constant); the host still runs the export's."""
+    from deploykit.pipeline import FirmwareVariant, build_firmware, resolve_runner_options
+    from deploykit.runners import runner_for_board
+
+    definitions = trace_definitions(board, intermediates=True)
+    progress("building the firmware that streams every operator's output")
+    built = build_firmware(
+        board,
+        model,
+        flow,
+        out,
+        workspace,
+        progress,
+        profile=build_profile,
+        fit=fit,
+        runner_options=runner_options,
+        timeout=timeout,
+        variant=FirmwareVariant(DEBUG_DIR, definitions, device_pte),
+    )
+    runner = runner_for_board(
+        board, **resolve_runner_options(board, runner_options, workspace, progress)
+    )
+    progress(f"running it on {runner.kind}")
+    run = runner.run(built.firmware.elf, out / "debug", timeout_s=timeout, check=True)
+    exported = built.planned.export
+    tolerance = exported.tolerance
+    progress("running the same program on the host, operator by operator")
+    try:
+        report = compare_intermediates(
+            run.records,
+            exported.pte_path.read_bytes(),
+            exported.input_sets[0],
+            atol=tolerance.get("atol", 0.0) if atol is None else atol,
+            rtol=tolerance.get("rtol", 0.0) if rtol is None else rtol,
+        )
+    except InterpretError as exc:
+        raise ProfileError(
+            f"the host cannot run the program operator by operator: {exc}",
+            "--debug-intermediates needs a program of CPU kernels.",
+        ) from exc
+    path = out / "debug" / "intermediates.json"
+    result = DebugReport(board.name, exported.model_name, flow, report, path)
+    write_atomic(path, json.dumps(result.json(), indent=2, allow_nan=False) + "\n")
+    return result
