@@ -127,8 +127,11 @@ class CountingAllocator : public MemoryAllocator {
   size_t failed_request_ = 0;
 };
 
-/* ---- pools (section .dk_pools: the board's `pools` region, not zeroed at start-up) ---- */
+/* ---- pools (section .dk_pools: the board's `pools` region, not zeroed at start-up; a family
+ * without a linker script of its own, such as linux_aarch64, defines DK_POOL_ATTR) ---- */
+#ifndef DK_POOL_ATTR
 #define DK_POOL_ATTR __attribute__((section(".dk_pools"), aligned(16)))
+#endif
 /* A zero-sized pool still needs an object; it is never handed out. */
 #define DK_POOL_BYTES(n) ((n) > 0u ? (n) : 16u)
 

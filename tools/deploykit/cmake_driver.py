@@ -63,9 +63,10 @@ def _run_logged(cmd: list[str], log: Path, what: str,
 def cmake_build(source_dir: Path, build_dir: Path, definitions: dict[str, str],
                 toolchain_file: Path, *, target: str | None = None,
                 progress: Callable[[str], None] | None = None,
-                log_name: str = "build.log") -> CMakeResult:
+                log_name: str = "build.log",
+                compiler: str = "arm-none-eabi-gcc") -> CMakeResult:
     """Configure `source_dir` into `build_dir` (if its definitions changed) and build it."""
-    require_tools("cmake", "ninja", "arm-none-eabi-gcc")
+    require_tools("cmake", "ninja", compiler)
     log = build_dir / log_name
     build_dir.mkdir(parents=True, exist_ok=True)
     log.write_text("")

@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .boards import PLACEMENT_KINDS, Board
+from .boards import PLACEMENT_KINDS, Board, parse_size
 from .errors import ConfigError, MemoryPlanError
 from .inspect_pte import ProgramInfo
 from .npu import NpuConfig, memory_mode_layout, npu_config
@@ -244,6 +244,14 @@ def plan_memory(board: Board, program: ProgramInfo, *, method_pool: int | None =
     `npu` defaults to the board's `npu:` section; it is used only when the program has
     Ethos-U delegates."""
     est_method, est_temp, how_method, how_temp = estimate_pools(program)
+    # A board may set a floor under the estimates (min_pools): the 64-bit Linux boards, whose
+    # pointers the model of Method::load (32-bit) undercounts and whose delegate (XNNPACK)
+    # allocates from the method pool; there a pool in .bss costs only the pages it touches.
+    floor = parse_size(board.raw.get("min_pools", 0)) if board.raw else 0
+    if est_method < floor:
+        est_method, how_method = floor, f"the board's min_pools (model: {how_method})"
+    if est_temp < floor:
+        est_temp, how_temp = floor, f"the board's min_pools (model: {how_temp})"
     method_src, method_how = "estimate", how_method
     temp_src, temp_how = "estimate", how_temp
     method, temp = est_method, est_temp

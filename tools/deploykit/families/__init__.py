@@ -21,6 +21,7 @@ ENTRY_POINT_GROUP = "deploykit.families"
 BUILTIN_FAMILIES = {
     "mps": "deploykit.families.mps:MpsFamily",
     "rp2350": "deploykit.families.rp2350:Rp2350Family",
+    "linux_aarch64": "deploykit.families.linux_aarch64:LinuxAarch64Family",
 }
 
 

@@ -28,6 +28,8 @@ BUILTIN_FLOWS = {
     "portable_fp32": "deploykit.flows.portable_fp32:PortableFp32",
     "cortex_m_int8": "deploykit.flows.cortex_m_int8:CortexMInt8",
     "ethos_u_int8": "deploykit.flows.ethos_u_int8:EthosUInt8",
+    "xnnpack_fp32": "deploykit.flows.xnnpack_fp32:XnnpackFp32",
+    "xnnpack_int8": "deploykit.flows.xnnpack_int8:XnnpackInt8",
 }
 
 

@@ -24,11 +24,16 @@ if TYPE_CHECKING:
 
 class PortableFp32(Flow):
     name = "portable_fp32"
-    summary = "float32 on ExecuTorch's portable kernels (any Cortex-M)"
+    summary = "float32 on ExecuTorch's portable kernels (any Cortex-M or Cortex-A)"
     quantization = "none (float32)"
     lowering = "to_edge_transform_and_lower without a partitioner, constant_prop_pass"
     host_reference = "the .pte run by the host ExecuTorch pybindings (bit-exact expected)"
     fallback_reference_kind = "executorch-pybindings"
+
+    def validate(self, target: ExportTarget) -> None:
+        # The portable kernels run on any CPU: Cortex-A (Linux) boards too.
+        if not target.cpu.strip().lower().startswith("cortex-a"):
+            super().validate(target)
 
     def lower(self, spec: ModelSpec, stages: Stages, target: ExportTarget,
               options: ExportOptions) -> FlowResult:

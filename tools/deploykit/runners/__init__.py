@@ -13,11 +13,12 @@ from deploykit.runners.base import (
     runner_section,
 )
 from deploykit.runners.fvp import FvpRunner
+from deploykit.runners.linux import LinuxRunner
 from deploykit.runners.qemu import QemuRunner, icount_instructions
 from deploykit.runners.serial_port import PicoRunner
 
 RUNNERS: dict[str, type[Runner]] = {QemuRunner.kind: QemuRunner, FvpRunner.kind: FvpRunner,
-                                    PicoRunner.kind: PicoRunner}
+                                    PicoRunner.kind: PicoRunner, LinuxRunner.kind: LinuxRunner}
 
 
 def runner_class(board: Any) -> type[Runner]:
@@ -44,6 +45,6 @@ def runner_options() -> tuple[RunnerOption, ...]:
     return tuple(seen.values())
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "RUNNERS", "FvpRunner", "PicoRunner", "QemuRunner", "RunResult",
-           "Runner", "RunnerOption", "icount_instructions", "runner_class", "runner_for_board",
-           "runner_options", "runner_section"]
+__all__ = ["DEFAULT_TIMEOUT_S", "RUNNERS", "FvpRunner", "LinuxRunner", "PicoRunner", "QemuRunner",
+           "RunResult", "Runner", "RunnerOption", "icount_instructions", "runner_class",
+           "runner_for_board", "runner_options", "runner_section"]

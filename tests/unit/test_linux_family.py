@@ -1,0 +1,82 @@
+"""The linux_aarch64 family's pieces that need no sources: the runtime cache key, the runner's
+commands (qemu-aarch64 and SSH) and options, and the board-file fields it added."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploykit.boards import board_from_dict, load_board
+from deploykit.errors import ConfigError
+from deploykit.families import family_of
+from deploykit.families.linux_runtime import runtime_key
+from deploykit.runners import runner_class, runner_for_board
+from deploykit.runners.linux import LinuxRunner
+
+COMMITS = {"executorch": "e4d02f41", "xnnpack": "1adaa7c7"}
+
+
+@pytest.mark.skipif(
+    shutil.which("aarch64-linux-gnu-g++") is None,
+    reason="aarch64-linux-gnu-g++ not installed (apt-get install g++-aarch64-linux-gnu)",
+)
+def test_runtime_key_is_per_cpu_flags_and_sources():
+    pi5 = runtime_key(load_board("rpi5").cpu_flags, COMMITS)
+    pi4 = runtime_key(load_board("rpi4").cpu_flags, COMMITS)
+    assert pi5 == runtime_key(load_board("rpi5").cpu_flags, dict(COMMITS))  # stable
+    assert pi5[0] != pi4[0]
+    assert pi5[0] != runtime_key(load_board("rpi5").cpu_flags, {**COMMITS, "xnnpack": "0" * 8})[0]
+    assert "cpu_flags=-march=armv8.2-a+dotprod+fp16 -mtune=cortex-a76" in pi5[1]
+    assert "aarch64-linux-gnu-" in pi5[1]  # the compiler and its version
+
+
+def test_runner_under_qemu_user(tmp_path):
+    runner = runner_for_board(load_board("rpi5"))
+    assert isinstance(runner, LinuxRunner) and runner.threads == 4
+    elf = tmp_path / "dk_runner.elf"
+    elf.write_bytes(b"\x7fELF")
+    assert runner.command(elf) == ["qemu-aarch64", "-cpu", "cortex-a76", str(elf)]
+    assert runner_for_board(load_board("rpi4")).command(elf)[2] == "cortex-a72"
+
+
+def test_runner_over_ssh(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPLOYKIT_SSH_CONFIG", "/cfg")
+    monkeypatch.setenv("DEPLOYKIT_REMOTE_EXEC", "qemu-aarch64")
+    runner = runner_for_board(load_board("rpi5"), host="pi5", threads="2")
+    elf = tmp_path / "dk_runner.elf"
+    elf.write_bytes(b"\x7fELF one")
+    cmd = runner.command(elf)
+    assert cmd[:3] == ["ssh", "-F", "/cfg"] and "BatchMode=yes" in cmd
+    assert cmd[-2] == "pi5"
+    assert cmd[-1].startswith("DK_THREADS=2 qemu-aarch64 /tmp/deploykit/dk_runner-")
+    other = tmp_path / "other.elf"
+    other.write_bytes(b"\x7fELF two")
+    assert runner.remote_path(elf) != runner.remote_path(other)  # named by content
+
+
+def test_runner_options_are_checked():
+    cls = runner_class(load_board("rpi5"))
+    assert cls.check_options("rpi5", {"host": "pi", "threads": None}) == {"host": "pi"}
+    with pytest.raises(ConfigError, match="--port is not an option of the linux runner"):
+        cls.check_options("rpi5", {"port": "/dev/ttyACM0"})
+    with pytest.raises(ConfigError, match="not a thread count"):
+        runner_for_board(load_board("rpi5"), threads="many")
+    # and a Cortex-M board's runner does not take --host
+    with pytest.raises(ConfigError, match="--host is not an option of the qemu runner"):
+        runner_class(load_board("qemu-an547")).check_options("qemu-an547", {"host": "pi"})
+
+
+def test_board_file_fields(tmp_path):
+    board = load_board("rpi5")
+    assert family_of(board).name == "linux_aarch64"
+    data = yaml.safe_load(Path(board.path).read_text())
+    # a UART console still needs its address; stdout needs none
+    bad = {**data, "console": {"kind": "cmsdk-uart"}}
+    with pytest.raises(ConfigError, match="base"):
+        board_from_dict(bad, tmp_path / "rpi5.yaml")
+    no_linux = {k: v for k, v in data.items() if k != "linux"}
+    with pytest.raises(ConfigError, match="no `linux:` section"):
+        family_of(board_from_dict(no_linux, tmp_path / "rpi5.yaml"))
