@@ -74,3 +74,13 @@ def test_install_script_parses_and_explains_itself():
     for word in ("--torch-index", "--no-link", "PYTHON=", "PEP 668", ".venv"):
         assert word in res.stdout, word
     assert "set -euo" not in res.stdout
+
+
+def test_test_modules_have_unique_names():
+    """tests/ has no __init__.py files, so pytest imports each test module by its basename:
+    two files with one name stop the whole suite at collection."""
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, Path] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]} share a module name"
+        seen[path.name] = path
