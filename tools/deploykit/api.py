@@ -119,8 +119,12 @@ def describe_program(info: ProgramInfo) -> str:
             lines += _describe_segment(n, seg, info)
         fallback = info.cpu_fallback_ops
         lines.append("  CPU fallback ops: " + (", ".join(fallback) if fallback else
-                                               "none (only quantize/dequantize)"
-                                               if info.delegates else "-"))
+                                               "none (a portable program: every kernel is the "
+                                               "flow's own)" if info.costs and
+                                               not info.costs.has_target_kernels else
+                                               "none (all in the flow's target kernels)"))
+        lines += [f"    {island.describe()}" for island in info.islands]
+    lines += _describe_costs(info)
     scratch = [d for d in info.delegates if d.scratch_size is not None]
     if scratch:
         lines.append("  Vela scratch: " + ", ".join(f"delegate {d.index} {d.scratch_size:,} B"
@@ -146,6 +150,21 @@ def describe_program(info: ProgramInfo) -> str:
     return "\n".join(lines)
 
 
+def _describe_costs(info: ProgramInfo) -> list[str]:
+    if info.costs is None:
+        return []
+    macs = info.macs
+    lines = ["  MACs per inference: " + (f"{macs:,}" if macs is not None else
+                                         f"{info.costs.macs:,} on the CPU (the NPU's are "
+                                         "unknown without the export report)")]
+    bound = info.costs.activation_lower_bound
+    if bound:
+        lines.append(f"  activation memory: planned {info.planned_total:,} B, lower bound "
+                     f"{bound:,} B (live at {info.costs.lower_bound_at}), "
+                     f"{info.planned_total / bound:.2f}x")
+    return lines
+
+
 def program_json(info: ProgramInfo) -> dict:
     """`deploykit inspect --json`: ProgramInfo, plus `segments` in execution order with each
     delegate's facts inline, the CPU ops and the largest Vela scratch."""
@@ -169,7 +188,8 @@ def program_json(info: ProgramInfo) -> dict:
                              "mac_utilisation": d.vela_estimate.mac_utilisation}})
     out.update(segments=segments, cpu_ops=list(info.cpu_ops),
                cpu_fallback_ops=list(info.cpu_fallback_ops), max_scratch=info.max_scratch,
-               planned_total=info.planned_total)
+               planned_total=info.planned_total, macs=info.macs,
+               float_islands=[to_jsonable(i) for i in info.islands])
     return out
 
 
@@ -227,14 +247,20 @@ def export(board: str, model: str, flow: str | None = None, out: Path | None = N
            npu_memory_mode: str | None = None, profile: str | None = None,
            strict: bool = False):
     """`strict`: an operator the int8 lowering cannot take is an error, instead of being kept
-    in float (automatic mixed precision of the cortex_m flow)."""
+    in float (automatic mixed precision of the cortex_m flow); and a program that still has an
+    island outside the flow's target kernels (program_costs.py) is refused, listing them."""
     from .pipeline import export_stage
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
     out = out or default_out(board, model)
     with out_lock(out):
-        return export_stage(b, model, resolve_flow(b, flow), out, progress,
-                            profile=_profile(b, profile, strict))
+        result = export_stage(b, model, resolve_flow(b, flow), out, progress,
+                              profile=_profile(b, profile, strict))
+        if strict:
+            from .program_costs import refuse_fallbacks
+
+            refuse_fallbacks(result.pte_path, inspect_pte(result.pte_path).islands)
+    return result
 
 
 def describe_export(result) -> str:
@@ -269,9 +295,12 @@ def build(board: str, model: str, flow: str | None = None, out: Path | None = No
           profile: str | None = None, fit: bool = False, strict: bool = False):
     """`profile`: a build profile name (deploykit.profiles; default: the board file's
     `profile:`, else size). `fit`: measure the model on the board's runner first when no
-    measurement is stored (<out>/fit.json), then link pools and stack at peak + margin."""
+    measurement is stored (<out>/fit.json), then link pools and stack at peak + margin.
+    `strict`: as for export, checked before the build."""
     from .pipeline import build_firmware
 
+    if strict:  # the build reuses this export
+        export(board, model, flow, out, progress, npu_macs, npu_memory_mode, profile, True)
     b = load_board_with(board, npu_macs, npu_memory_mode)
     out = out or default_out(board, model)
     with out_lock(out):
@@ -295,6 +324,8 @@ def run(board: str, model: str, flow: str | None = None, out: Path | None = None
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
     runner_class(b).check_options(b.name, runner_options or {})  # before the slow build
+    if strict:  # the build reuses this export
+        export(board, model, flow, out, progress, npu_macs, npu_memory_mode, profile, True)
     tolerance = None
     if atol is not None or rtol is not None:
         tolerance = Tolerance(atol=atol or 0.0, rtol=rtol or 0.0)

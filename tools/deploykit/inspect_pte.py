@@ -24,6 +24,7 @@ from typing import Any
 from .errors import ConfigError
 from .flows.ethos_u_int8 import ETHOS_U_BACKEND
 from .method_memory import MethodLoad, model_method_load
+from .program_costs import Island, ProgramCosts, program_costs
 from .pte_reader import (
     io_tensor,
     load_program,
@@ -169,6 +170,7 @@ class ProgramInfo:
     sha256: str = ""
     # What Method::load takes from the method and temp pools, modelled (method_memory.py).
     method_load: MethodLoad | None = None
+    costs: ProgramCosts | None = None  # MACs, activation lower bound, fallbacks, islands
 
     @property
     def planned_total(self) -> int:
@@ -186,8 +188,27 @@ class ProgramInfo:
 
     @property
     def cpu_fallback_ops(self) -> tuple[str, ...]:
-        """CPU kernels other than the quantize/dequantize at the delegate boundaries."""
-        return tuple(o for o in self.cpu_ops if o.split(".")[0] not in QDQ_OPS)
+        """CPU kernels outside the flow's target kernels (program_costs.py): not the
+        cortex_m:: (CMSIS-NN) kernels, not the quantize/dequantize at the boundaries."""
+        if self.costs is not None:
+            return self.costs.fallback_ops
+        return tuple(o for o in self.cpu_ops if o.split(".")[0] not in QDQ_OPS
+                     and not o.startswith("cortex_m::"))
+
+    @property
+    def islands(self) -> tuple[Island, ...]:
+        return self.costs.islands if self.costs is not None else ()
+
+    @property
+    def macs(self) -> int | None:
+        """Convolution and linear MACs per inference: counted over the CPU kernels, plus
+        Vela's count for each Ethos-U delegate; None when a delegate's count is unknown."""
+        if self.costs is None:
+            return None
+        npu = [d.vela_estimate.macs if d.vela_estimate else None for d in self.delegates]
+        if None in npu:
+            return None
+        return self.costs.macs + sum(n for n in npu if n is not None)
 
     @property
     def max_scratch(self) -> int:
@@ -234,6 +255,7 @@ def inspect_pte(path: Path, method: str = "forward", report: Path | None = None)
         partition_source=source if delegates else None,
         sha256=sha,
         method_load=model_method_load(plan),
+        costs=program_costs(plan, operators),
     )
 
 
