@@ -466,3 +466,32 @@ def farm_exporter_config(board: str, serial: str, *, group: str | None = None,
     if out is not None:
         write_atomic(Path(out), cfg.text)
     return cfg
+
+
+def matrix(boards: list[str] | None = None, models: list[str] | None = None,
+           flows: list[str] | None = None, profiles: list[str] | None = None,
+           out: Path | None = None, workspace: Path | None = None, jobs: int = 1,
+           progress: Progress = _quiet):
+    """Build, and run where the board's runner is available, every board x model x flow x
+    profile the filter selects (None: every board, every model, each board's allowed flows,
+    the speed profile); writes matrix.json, matrix.md and matrix.svg to `out` (default
+    build/matrix). Returns the rows (matrix.MatrixRow), one per combination."""
+    from .boards import repo_root
+    from .matrix import combinations, run_matrix, write_outputs
+    from .models import list_models, resolve_model_path
+    from .profiles import PROFILES
+
+    for name in profiles or []:
+        if name not in PROFILES:
+            raise ConfigError(f"Unknown profile '{name}'.", f"Use one of: {', '.join(PROFILES)}.")
+    if jobs < 1:
+        raise ConfigError(f"-j {jobs}: the number of workers must be at least 1.",
+                          "Give -j 1 or more (each worker is one process).")
+    out = Path(out or Path("build") / "matrix")
+    combos = combinations(boards or available_boards(),
+                          models or list_models(repo_root()), flows, profiles or ["speed"])
+    for name in {c.model for c in combos}:
+        resolve_model_path(name, repo_root())  # an unknown model fails here, not in a worker
+    rows = run_matrix(combos, out, workspace, jobs, progress)
+    write_outputs(rows, out)
+    return rows

@@ -272,6 +272,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", metavar="PORT",
                    help="serial port or pyserial URL (default: found by the board's USB VID/PID)")
 
+    p = sub.add_parser("matrix", help="build and run every board x model x flow x profile "
+                       "a filter selects; one table of results, sizes and instructions per MAC",
+                       description="Build every board x model x flow x profile the filter "
+                       "selects, run each where the board's runner is available here, and "
+                       "write one table (terminal, <out>/matrix.md), <out>/matrix.json and "
+                       "<out>/matrix.svg: result (PASS or the failure class), flash and RAM as "
+                       "linked, RAM needed, instructions per inference, MACs, instructions per "
+                       "MAC, planned activation memory against its lower bound, NPU segments "
+                       "with Vela's estimate, CPU-fallback ops. A combination that cannot work "
+                       "is a row with its reason. Exits 0 when every row that ran passed.")
+    p.add_argument("--boards", nargs="+", metavar="BOARD", help="boards (default: all)")
+    p.add_argument("--models", nargs="+", metavar="MODEL", help="models (default: all)")
+    p.add_argument("--flows", nargs="+", metavar="FLOW", choices=flow_names(),
+                   help="flows (default: each board's allowed flows)")
+    p.add_argument("--profiles", nargs="+", metavar="PROFILE", choices=list(PROFILES),
+                   help="build profiles (default: speed)")
+    p.add_argument("-j", "--jobs", type=int, default=1,
+                   help="worker processes (default 1); on 2 cores use -j 2 at most")
+    p.add_argument("--out", type=Path, help="output directory (default build/matrix)")
+
     p = sub.add_parser("selftest", help="build and run the board-support self-test firmware "
                        "(no ExecuTorch needed)",
                        description="Build and run the board-support self-test firmware: "
@@ -433,6 +453,13 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
                              progress=out.progress)
         out.result(report, report.summary())
         return 0 if report.ok else int(report.exit_code)
+    if cmd == "matrix":
+        from .matrix import table
+
+        rows = api.matrix(args.boards, args.models, args.flows, args.profiles, args.out,
+                          args.workspace, args.jobs, progress=out.progress)
+        out.result(rows, table(rows))
+        return 0 if all(r.result in ("PASS", "BUILT") for r in rows) else 1
     common = {"board": args.board, "out": args.out, "workspace": args.workspace,
               "progress": out.progress}
     if cmd == "selftest":
