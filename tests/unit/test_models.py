@@ -206,3 +206,58 @@ def test_importing_export_is_cheap():
     out = subprocess.run([sys.executable, "-c", code, str(REPO / "tools")], check=True,
                          capture_output=True, text=True).stdout.strip()
     assert out == "[]"
+
+
+# The MLPerf Tiny v1 reference models: input shape, output shape, MACs of the published
+# architectures (convolutions and linears; FlopCounterMode counts 2 flops per MAC).
+MLPERF_TINY = {
+    "ds_cnn": ((1, 1, 49, 10), (1, 12), 2_656_768),
+    "mobilenet_v1_025": ((1, 3, 96, 96), (1, 2), 7_489_664),
+    "resnet8": ((1, 3, 32, 32), (1, 10), 12_501_632),
+    "deep_autoencoder": ((1, 640), (1, 640), 264_192),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MLPERF_TINY))
+def test_mlperf_tiny_models(name):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    in_shape, out_shape, macs = MLPERF_TINY[name]
+    a, b = load_model(name, REPO), load_model(name, REPO)
+    assert a.description and a.has_calibration_inputs and len(a.calibration_inputs) >= 4
+    x = a.example_inputs[0]
+    assert tuple(x.shape) == in_shape and torch.equal(x, b.example_inputs[0])
+    # realistic data, not a constant: calibration samples differ from each other
+    assert x.std() > 0.1
+    assert not torch.equal(a.calibration_inputs[1][0], a.calibration_inputs[2][0])
+    for (pa, ta), (pb, tb) in zip(a.module.state_dict().items(), b.module.state_dict().items(),
+                                  strict=True):
+        assert pa == pb and torch.equal(ta, tb)
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        out = a.module(x)
+    assert tuple(out.shape) == out_shape and torch.isfinite(out).all()
+    assert counter.get_total_flops() == 2 * macs
+    # Seeded BatchNorm statistics keep the outputs of a realistic scale (not 0, not huge).
+    assert 1e-3 < float(out.abs().max()) < 1e3
+    for flow in ("portable_fp32", "cortex_m_int8", "ethos_u_int8"):
+        assert a.tolerance_for(flow)["atol"] > 0
+
+
+def test_mlperf_tiny_checkpoint_loads_through_model(tmp_path, monkeypatch):
+    """A trained state_dict replaces the seeded weights through model() (the documented way)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("resnet8_ckpt", REPO / "models" / "resnet8.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    trained = module.ResNet8()
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.fill_(0.01)
+    path = tmp_path / "resnet8.pt"
+    torch.save(trained.state_dict(), path)
+    monkeypatch.setattr(module, "CHECKPOINT", str(path))
+    loaded = module.model()
+    assert all(torch.all(p == 0.01) for p in loaded.parameters())
+    assert not loaded.training

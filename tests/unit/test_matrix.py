@@ -1,0 +1,74 @@
+"""The matrix's filter, its outputs (table, Markdown, JSON, SVG) and its CLI errors."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from deploykit.cli import main
+from deploykit.errors import ConfigError, ExitCode
+from deploykit.matrix import MatrixRow, combinations, markdown, svg, table, to_json
+
+
+def test_combinations_keep_each_boards_allowed_flows():
+    combos = combinations(["qemu-an505", "corstone-320"], ["ds_cnn"],
+                          ["cortex_m_int8", "ethos_u_int8"], ["speed"])
+    flows = {(c.board, c.flow) for c in combos}
+    assert ("qemu-an505", "ethos_u_int8") not in flows  # no NPU on the MPS2 board
+    assert ("corstone-320", "ethos_u_int8") in flows
+    assert ("qemu-an505", "cortex_m_int8") in flows
+
+
+def test_combinations_empty_filter_is_a_config_error():
+    with pytest.raises(ConfigError, match="no combination"):
+        combinations(["qemu-an505"], ["ds_cnn"], ["ethos_u_int8"], ["speed"])
+
+
+def _rows() -> list[MatrixRow]:
+    ok = MatrixRow("qemu-an547", "ds_cnn", "cortex_m_int8", "speed", result="PASS",
+                   flash=83_240, ram_linked=82_000, ram_need=34_000, instructions=1_777_265.0,
+                   macs=2_656_768, activation_planned=20_464, activation_lower_bound=20_464)
+    too_big = MatrixRow("pico2-uart", "mobilenet_v2", "cortex_m_int8", "speed",
+                        result="MEMORY", reason="region RAM overflows by 1,234 B\nmore")
+    island = MatrixRow("qemu-an505", "kws1d", "cortex_m_int8", "speed", result="PASS",
+                       instructions=900.0, macs=300, fallback_ops=["aten::convolution.out"],
+                       float_islands=["float island at instructions 1-3: ..."])
+    return [ok, too_big, island]
+
+
+def test_outputs_carry_every_row_and_the_reasons():
+    rows = _rows()
+    text = table(rows)
+    assert "0.67" in text  # 1,777,265 / 2,656,768 instructions per MAC
+    assert "pico2-uart/mobilenet_v2/cortex_m_int8/speed: MEMORY: region RAM overflows" in text
+    assert "aten::convolution.out" in text
+    md = markdown(rows)
+    assert md.count("\n| ") == len(rows)  # one line per row after the header and rule
+    assert "float island at instructions 1-3" in md
+    data = to_json(rows)
+    assert [r["result"] for r in data["rows"]] == ["PASS", "MEMORY", "PASS"]
+    assert data["rows"][0]["instructions_per_mac"] == pytest.approx(1_777_265 / 2_656_768)
+    assert data["rows"][1]["instructions_per_mac"] is None
+    json.dumps(data)  # serialisable as is
+    chart = ET.fromstring(svg(rows))
+    bars = [e for e in chart.iter() if e.tag.endswith("rect")]
+    assert len(bars) == 2  # the rows that ran; the MEMORY row has no instructions
+
+
+def _cli(args, capsys):
+    code = main(args)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+def test_cli_rejects_bad_jobs_and_unknown_model(capsys, tmp_path):
+    code, err = _cli(["matrix", "--boards", "qemu-an505", "--models", "ds_cnn", "-j", "0",
+                      "--out", str(tmp_path)], capsys)
+    assert code == ExitCode.CONFIG and "-j 0" in err
+    code, err = _cli(["matrix", "--boards", "qemu-an505", "--models", "no_such_model",
+                      "--out", str(tmp_path)], capsys)
+    assert code == ExitCode.CONFIG and "no_such_model" in err
+    assert not (tmp_path / "matrix.json").exists()  # nothing written for a refused filter
