@@ -42,8 +42,14 @@ TOLERANCE = {
 }
 
 
-def conv_bn_relu(cin: int, cout: int, kernel: int | tuple[int, int], stride: int,
-                 padding: int | tuple[int, int], groups: int = 1) -> nn.Sequential:
+def conv_bn_relu(
+    cin: int,
+    cout: int,
+    kernel: int | tuple[int, int],
+    stride: int,
+    padding: int | tuple[int, int],
+    groups: int = 1,
+) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(cin, cout, kernel, stride, padding, groups=groups, bias=False),
         nn.BatchNorm2d(cout),

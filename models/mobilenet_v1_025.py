@@ -29,8 +29,21 @@ SIZE, CLASSES = 96, 2
 CHECKPOINT = os.environ.get("DEPLOYKIT_MOBILENET_V1_025_CHECKPOINT", "")
 
 # (output channels, stride) of the 13 depthwise-separable blocks at width 0.25.
-BLOCKS = ((16, 1), (32, 2), (32, 1), (64, 2), (64, 1), (128, 2), (128, 1), (128, 1), (128, 1),
-          (128, 1), (128, 1), (256, 2), (256, 1))
+BLOCKS = (
+    (16, 1),
+    (32, 2),
+    (32, 1),
+    (64, 2),
+    (64, 1),
+    (128, 2),
+    (128, 1),
+    (128, 1),
+    (128, 1),
+    (128, 1),
+    (128, 1),
+    (256, 2),
+    (256, 1),
+)
 
 # Device vs host reference (see ds_cnn.py): the output step of the 2-way head is small, so
 # 0.05 allows a few steps.
@@ -71,8 +84,9 @@ def scene(seed: int = 0, person: bool = True) -> torch.Tensor:
     """A deterministic 1x3x96x96 scene in [0, 1]. `seed` moves things and changes colours."""
     gen = torch.Generator().manual_seed(seed)
     u = [float(v) for v in torch.rand(10, generator=gen)]
-    ys, xs = torch.meshgrid(torch.linspace(0.0, 1.0, SIZE), torch.linspace(0.0, 1.0, SIZE),
-                            indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.linspace(0.0, 1.0, SIZE), torch.linspace(0.0, 1.0, SIZE), indexing="ij"
+    )
     horizon = 0.55 + 0.2 * u[0]
     wall = torch.tensor([0.55 + 0.3 * u[1], 0.5 + 0.3 * u[2], 0.45 + 0.3 * u[3]]).view(3, 1, 1)
     floor = torch.tensor([0.35, 0.25 + 0.2 * u[4], 0.2]).view(3, 1, 1)
@@ -94,8 +108,11 @@ def scene(seed: int = 0, person: bool = True) -> torch.Tensor:
         torso_top, torso_bottom = top + 2 * head, top + 2 * head + 0.3 * scale
         shirt = (0.7 * u[9], 0.2, 1.0 - 0.7 * u[9])
         paint((abs(xs - cx) < 0.08 * scale) & (ys > torso_top) & (ys < torso_bottom), shirt)
-        legs = (abs(abs(xs - cx) - 0.04 * scale) < 0.025 * scale) & (ys > torso_bottom) & \
-            (ys < torso_bottom + 0.3 * scale)
+        legs = (
+            (abs(abs(xs - cx) - 0.04 * scale) < 0.025 * scale)
+            & (ys > torso_bottom)
+            & (ys < torso_bottom + 0.3 * scale)
+        )
         paint(legs, (0.15, 0.15, 0.25))
     img = (img + 0.03 * torch.randn(img.shape, generator=gen)).clamp(0.0, 1.0)
     return img.unsqueeze(0).contiguous()

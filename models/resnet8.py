@@ -43,8 +43,11 @@ class ResidualStack(nn.Module):
         self.relu1 = nn.ReLU()
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
-        self.shortcut = (nn.Conv2d(cin, cout, 1, stride, 0, bias=True)
-                         if stride != 1 or cin != cout else nn.Identity())
+        self.shortcut = (
+            nn.Conv2d(cin, cout, 1, stride, 0, bias=True)
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
         self.relu2 = nn.ReLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,10 +58,12 @@ class ResidualStack(nn.Module):
 class ResNet8(nn.Module):
     def __init__(self, classes: int = CLASSES) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16),
-                                  nn.ReLU())
-        self.stacks = nn.Sequential(ResidualStack(16, 16, 1), ResidualStack(16, 32, 2),
-                                    ResidualStack(32, 64, 2))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()
+        )
+        self.stacks = nn.Sequential(
+            ResidualStack(16, 16, 1), ResidualStack(16, 32, 2), ResidualStack(32, 64, 2)
+        )
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.classifier = nn.Linear(64, classes)
 
@@ -71,8 +76,9 @@ def picture(seed: int = 0) -> torch.Tensor:
     """A deterministic 1x3x32x32 CIFAR-like picture in [0, 1]."""
     gen = torch.Generator().manual_seed(seed)
     u = [float(v) for v in torch.rand(9, generator=gen)]
-    ys, xs = torch.meshgrid(torch.linspace(0.0, 1.0, SIZE), torch.linspace(0.0, 1.0, SIZE),
-                            indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.linspace(0.0, 1.0, SIZE), torch.linspace(0.0, 1.0, SIZE), indexing="ij"
+    )
     horizon = 0.5 + 0.25 * u[0]
     sky = torch.stack([0.4 + 0.3 * ys, 0.6 + 0.2 * ys, torch.full_like(ys, 0.9)])
     ground = torch.stack([0.3 + 0.2 * u[1] + 0 * ys, 0.4 + 0.3 * u[2] + 0 * ys, 0.2 + 0 * ys])

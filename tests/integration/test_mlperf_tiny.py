@@ -15,8 +15,12 @@ from tests.markers import requires_cmake, requires_qemu, requires_sources, requi
 pytest.importorskip("executorch")
 
 MODELS = ["ds_cnn", "mobilenet_v1_025", "resnet8", "deep_autoencoder"]
-MACS = {"ds_cnn": 2_656_768, "mobilenet_v1_025": 7_489_664, "resnet8": 12_501_632,
-        "deep_autoencoder": 264_192}
+MACS = {
+    "ds_cnn": 2_656_768,
+    "mobilenet_v1_025": 7_489_664,
+    "resnet8": 12_501_632,
+    "deep_autoencoder": 264_192,
+}
 
 
 @requires_toolchain
@@ -38,10 +42,12 @@ def test_int8_parity_on_qemu(tmp_path_factory, board, model):
     assert info.cpu_fallback_ops == () and info.islands == ()
 
 
-@pytest.mark.parametrize("board", ["corstone-300",
-                                   pytest.param("corstone-320", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("model", ["ds_cnn", *(pytest.param(m, marks=pytest.mark.slow)
-                                              for m in MODELS[1:])])
+@pytest.mark.parametrize(
+    "board", ["corstone-300", pytest.param("corstone-320", marks=pytest.mark.slow)]
+)
+@pytest.mark.parametrize(
+    "model", ["ds_cnn", *(pytest.param(m, marks=pytest.mark.slow) for m in MODELS[1:])]
+)
 def test_ethos_u_export_and_inspect(tmp_path, board, model):
     result = api.export(board, model, "ethos_u_int8", tmp_path)
     info = api.inspect(result.pte_path)

@@ -13,8 +13,9 @@ from deploykit.matrix import MatrixRow, combinations, markdown, svg, table, to_j
 
 
 def test_combinations_keep_each_boards_allowed_flows():
-    combos = combinations(["qemu-an505", "corstone-320"], ["ds_cnn"],
-                          ["cortex_m_int8", "ethos_u_int8"], ["speed"])
+    combos = combinations(
+        ["qemu-an505", "corstone-320"], ["ds_cnn"], ["cortex_m_int8", "ethos_u_int8"], ["speed"]
+    )
     flows = {(c.board, c.flow) for c in combos}
     assert ("qemu-an505", "ethos_u_int8") not in flows  # no NPU on the MPS2 board
     assert ("corstone-320", "ethos_u_int8") in flows
@@ -27,14 +28,39 @@ def test_combinations_empty_filter_is_a_config_error():
 
 
 def _rows() -> list[MatrixRow]:
-    ok = MatrixRow("qemu-an547", "ds_cnn", "cortex_m_int8", "speed", result="PASS",
-                   flash=83_240, ram_linked=82_000, ram_need=34_000, instructions=1_777_265.0,
-                   macs=2_656_768, activation_planned=20_464, activation_lower_bound=20_464)
-    too_big = MatrixRow("pico2-uart", "mobilenet_v2", "cortex_m_int8", "speed",
-                        result="MEMORY", reason="region RAM overflows by 1,234 B\nmore")
-    island = MatrixRow("qemu-an505", "kws1d", "cortex_m_int8", "speed", result="PASS",
-                       instructions=900.0, macs=300, fallback_ops=["aten::convolution.out"],
-                       float_islands=["float island at instructions 1-3: ..."])
+    ok = MatrixRow(
+        "qemu-an547",
+        "ds_cnn",
+        "cortex_m_int8",
+        "speed",
+        result="PASS",
+        flash=83_240,
+        ram_linked=82_000,
+        ram_need=34_000,
+        instructions=1_777_265.0,
+        macs=2_656_768,
+        activation_planned=20_464,
+        activation_lower_bound=20_464,
+    )
+    too_big = MatrixRow(
+        "pico2-uart",
+        "mobilenet_v2",
+        "cortex_m_int8",
+        "speed",
+        result="MEMORY",
+        reason="region RAM overflows by 1,234 B\nmore",
+    )
+    island = MatrixRow(
+        "qemu-an505",
+        "kws1d",
+        "cortex_m_int8",
+        "speed",
+        result="PASS",
+        instructions=900.0,
+        macs=300,
+        fallback_ops=["aten::convolution.out"],
+        float_islands=["float island at instructions 1-3: ..."],
+    )
     return [ok, too_big, island]
 
 
@@ -65,10 +91,24 @@ def _cli(args, capsys):
 
 
 def test_cli_rejects_bad_jobs_and_unknown_model(capsys, tmp_path):
-    code, err = _cli(["matrix", "--boards", "qemu-an505", "--models", "ds_cnn", "-j", "0",
-                      "--out", str(tmp_path)], capsys)
+    code, err = _cli(
+        [
+            "matrix",
+            "--boards",
+            "qemu-an505",
+            "--models",
+            "ds_cnn",
+            "-j",
+            "0",
+            "--out",
+            str(tmp_path),
+        ],
+        capsys,
+    )
     assert code == ExitCode.CONFIG and "-j 0" in err
-    code, err = _cli(["matrix", "--boards", "qemu-an505", "--models", "no_such_model",
-                      "--out", str(tmp_path)], capsys)
+    code, err = _cli(
+        ["matrix", "--boards", "qemu-an505", "--models", "no_such_model", "--out", str(tmp_path)],
+        capsys,
+    )
     assert code == ExitCode.CONFIG and "no_such_model" in err
     assert not (tmp_path / "matrix.json").exists()  # nothing written for a refused filter

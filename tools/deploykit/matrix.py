@@ -71,8 +71,12 @@ class MatrixRow:
         return None
 
 
-def combinations(boards: Iterable[str], models: Iterable[str], flows: Iterable[str] | None,
-                 profiles: Iterable[str]) -> list[Combination]:
+def combinations(
+    boards: Iterable[str],
+    models: Iterable[str],
+    flows: Iterable[str] | None,
+    profiles: Iterable[str],
+) -> list[Combination]:
     """Every board x model x flow x profile; `flows` None means each board's allowed flows.
     A flow a board does not allow is left out for that board (not an error)."""
     from .boards import load_board
@@ -84,14 +88,20 @@ def combinations(boards: Iterable[str], models: Iterable[str], flows: Iterable[s
         chosen = [f for f in (wanted or allowed) if f in allowed]
         out += [Combination(board, m, f, p) for m in models for f in chosen for p in profiles]
     if not out:
-        raise ConfigError("The filter selects no combination.",
-                          "Check --flows against each board's allowed flows "
-                          "(deploykit boards).")
+        raise ConfigError(
+            "The filter selects no combination.",
+            "Check --flows against each board's allowed flows (deploykit boards).",
+        )
     return out
 
 
-def run_matrix(combos: list[Combination], out: Path, workspace: Path | None = None,
-               jobs: int = 1, progress: Progress = lambda _m: None) -> list[MatrixRow]:
+def run_matrix(
+    combos: list[Combination],
+    out: Path,
+    workspace: Path | None = None,
+    jobs: int = 1,
+    progress: Progress = lambda _m: None,
+) -> list[MatrixRow]:
     """Build and run every combination under `out/<board>/<model>-<flow>-<profile>/`; rows in
     the order of `combos`."""
     groups: dict[tuple[str, str, str], list[Combination]] = {}
@@ -99,43 +109,55 @@ def run_matrix(combos: list[Combination], out: Path, workspace: Path | None = No
         groups.setdefault((c.board, c.flow, c.profile), []).append(c)
     rows: dict[Combination, MatrixRow] = {}
     with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_run_group, group, out, workspace): key
-                   for key, group in groups.items()}
+        futures = {
+            pool.submit(_run_group, group, out, workspace): key for key, group in groups.items()
+        }
         progress(f"{len(combos)} combinations in {len(groups)} groups, {jobs} worker(s)")
         for future in as_completed(futures):
             for row in future.result():
                 c = Combination(row.board, row.model, row.flow, row.profile)
                 rows[c] = row
-                progress(f"{c.name}: {row.result}"
-                         + (f" ({row.reason.splitlines()[0][:100]})" if row.reason else ""))
+                progress(
+                    f"{c.name}: {row.result}"
+                    + (f" ({row.reason.splitlines()[0][:100]})" if row.reason else "")
+                )
     return [rows[c] for c in combos]
 
 
 def _run_group(group: list[Combination], out: Path, workspace: Path | None) -> list[MatrixRow]:
-    return [run_one(c, out / c.board / f"{c.model}-{c.flow}-{c.profile}", workspace)
-            for c in group]
+    return [run_one(c, out / c.board / f"{c.model}-{c.flow}-{c.profile}", workspace) for c in group]
 
 
 def run_one(c: Combination, out: Path, workspace: Path | None) -> MatrixRow:
     """One combination: export and inspect, then build, then run where a runner exists."""
-    from . import api
+    from .boards import load_board
     from .errors import EnvironmentProblem
+    from .inspect_pte import inspect_pte
+    from .pipeline import build_firmware, export_stage, run_firmware
+    from .profiles import resolve_profile
     from .runners import runner_for_board
     from .sizes import size_report
 
     row = MatrixRow(c.board, c.model, c.flow, c.profile)
     start = time.monotonic()
+
+    def quiet(_message: str) -> None:
+        pass
+
     try:
-        exported = api.export(c.board, c.model, c.flow, out, profile=c.profile)
-        _program_facts(row, api.inspect(exported.pte_path))
-        board = api.load_board_with(c.board)
+        board = load_board(c.board)
+        profile = resolve_profile(board, c.profile)
+        exported = export_stage(board, c.model, c.flow, out, quiet, profile=profile)
+        _program_facts(row, inspect_pte(exported.pte_path))
         try:
             runner_for_board(board).check_environment()
             runnable, why_not = True, ""
         except EnvironmentProblem as e:
             runnable, why_not = False, str(e).splitlines()[0]
         if runnable:
-            report = api.run(c.board, c.model, c.flow, out, workspace, profile=c.profile)
+            report = run_firmware(
+                board, c.model, c.flow, out, workspace, 120.0, quiet, profile=profile
+            )
             row.result = "PASS" if report.passed else report.exit_code.name
             row.reason = report.cause
             row.instructions = report.instructions_estimate
@@ -148,8 +170,9 @@ def run_one(c: Combination, out: Path, workspace: Path | None) -> MatrixRow:
             if report.memory:
                 row.ram_need = static + sum(used for used, _cap in report.memory.values())
         else:
-            fw = api.build(c.board, c.model, c.flow, out, workspace, profile=c.profile)
-            row.flash, row.ram_linked = fw.firmware.sizes.flash_total, fw.firmware.sizes.ram_total
+            built = build_firmware(board, c.model, c.flow, out, workspace, quiet, profile=profile)
+            sizes = built.firmware.sizes
+            row.flash, row.ram_linked = sizes.flash_total, sizes.ram_total
             row.result, row.reason = "BUILT", f"not run: {why_not}"
     except DeployKitError as e:
         row.result, row.reason = e.exit_code.name, str(e)
@@ -173,9 +196,22 @@ def _program_facts(row: MatrixRow, info) -> None:
 
 # ---- output ----------------------------------------------------------------------------------
 
-COLUMNS = ("board", "model", "flow", "profile", "result", "flash KiB", "RAM KiB", "need KiB",
-           "instructions", "MACs", "instr/MAC", "act./bound", "NPU (Vela cycles)",
-           "CPU fallbacks")
+COLUMNS = (
+    "board",
+    "model",
+    "flow",
+    "profile",
+    "result",
+    "flash KiB",
+    "RAM KiB",
+    "need KiB",
+    "instructions",
+    "MACs",
+    "instr/MAC",
+    "act./bound",
+    "NPU (Vela cycles)",
+    "CPU fallbacks",
+)
 
 
 def _kib(n: int | None) -> str:
@@ -184,43 +220,75 @@ def _kib(n: int | None) -> str:
 
 def _cells(r: MatrixRow) -> list[str]:
     ipm = r.instructions_per_mac
-    bound = (f"{r.activation_planned / r.activation_lower_bound:.2f}"
-             if r.activation_planned and r.activation_lower_bound else "-")
-    npu = (f"{r.npu_segments} ({r.npu_estimate_cycles:,})" if r.npu_estimate_cycles
-           else str(r.npu_segments) if r.npu_segments else "-")
+    bound = (
+        f"{r.activation_planned / r.activation_lower_bound:.2f}"
+        if r.activation_planned and r.activation_lower_bound
+        else "-"
+    )
+    npu = (
+        f"{r.npu_segments} ({r.npu_estimate_cycles:,})"
+        if r.npu_estimate_cycles
+        else str(r.npu_segments)
+        if r.npu_segments
+        else "-"
+    )
     fallbacks = ", ".join(r.fallback_ops) or "none"
-    return [r.board, r.model, r.flow, r.profile, r.result, _kib(r.flash), _kib(r.ram_linked),
-            _kib(r.ram_need), f"{r.instructions:,.0f}" if r.instructions else "-",
-            f"{r.macs:,}" if r.macs else "-", f"{ipm:.2f}" if ipm else "-", bound, npu,
-            fallbacks]
+    return [
+        r.board,
+        r.model,
+        r.flow,
+        r.profile,
+        r.result,
+        _kib(r.flash),
+        _kib(r.ram_linked),
+        _kib(r.ram_need),
+        f"{r.instructions:,.0f}" if r.instructions else "-",
+        f"{r.macs:,}" if r.macs else "-",
+        f"{ipm:.2f}" if ipm else "-",
+        bound,
+        npu,
+        fallbacks,
+    ]
 
 
 def table(rows: list[MatrixRow]) -> str:
     """The terminal table, then one line per row that did not pass, with its reason."""
     cells = [list(COLUMNS)] + [_cells(r) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-             for line in cells]
-    lines += [f"{r.board}/{r.model}/{r.flow}/{r.profile}: {r.result}: "
-              f"{r.reason.splitlines()[0] if r.reason else ''}"
-              for r in rows if r.result != "PASS"]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells
+    ]
+    lines += [
+        f"{r.board}/{r.model}/{r.flow}/{r.profile}: {r.result}: "
+        f"{r.reason.splitlines()[0] if r.reason else ''}"
+        for r in rows
+        if r.result != "PASS"
+    ]
     return "\n".join(lines)
 
 
 def markdown(rows: list[MatrixRow]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in rows]
-    notes = [f"- {r.board}/{r.model}/{r.flow}/{r.profile}: {r.result}: "
-             f"{r.reason.splitlines()[0] if r.reason else ''}" for r in rows if r.result != "PASS"]
-    notes += [f"- {r.board}/{r.model}/{r.flow}/{r.profile}: {island}"
-              for r in rows for island in r.float_islands]
+    notes = [
+        f"- {r.board}/{r.model}/{r.flow}/{r.profile}: {r.result}: "
+        f"{r.reason.splitlines()[0] if r.reason else ''}"
+        for r in rows
+        if r.result != "PASS"
+    ]
+    notes += [
+        f"- {r.board}/{r.model}/{r.flow}/{r.profile}: {island}"
+        for r in rows
+        for island in r.float_islands
+    ]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
 def to_json(rows: list[MatrixRow]) -> dict:
-    return {"columns": [f.name for f in fields(MatrixRow)] + ["instructions_per_mac"],
-            "rows": [{**asdict(r), "instructions_per_mac": r.instructions_per_mac}
-                     for r in rows]}
+    return {
+        "columns": [f.name for f in fields(MatrixRow)] + ["instructions_per_mac"],
+        "rows": [{**asdict(r), "instructions_per_mac": r.instructions_per_mac} for r in rows],
+    }
 
 
 def svg(rows: list[MatrixRow]) -> str:
@@ -229,19 +297,22 @@ def svg(rows: list[MatrixRow]) -> str:
     bar_w, label_w, row_h = 360, 330, 18
     top = max((r.instructions_per_mac or 0.0 for r in ran), default=1.0)
     height = 40 + row_h * max(len(ran), 1)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 60}" '
-             f'height="{height}" font-family="sans-serif" font-size="12">',
-             '<text x="4" y="16" font-weight="bold">instructions per MAC (QEMU icount; '
-             'lower is better)</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 60}" '
+        f'height="{height}" font-family="sans-serif" font-size="12">',
+        '<text x="4" y="16" font-weight="bold">instructions per MAC (QEMU icount; '
+        "lower is better)</text>",
+    ]
     for i, r in enumerate(ran):
         y = 28 + i * row_h
         w = bar_w * (r.instructions_per_mac or 0.0) / top
         label = escape(f"{r.model} {r.board} {r.flow} {r.profile}")
-        parts += [f'<text x="4" y="{y + 12}">{label}</text>',
-                  f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{row_h - 4}" '
-                  f'fill="{"#4a7ebb" if r.result == "PASS" else "#c0504d"}"/>',
-                  f'<text x="{label_w + w + 4:.1f}" y="{y + 12}">'
-                  f'{r.instructions_per_mac:.2f}</text>']
+        parts += [
+            f'<text x="4" y="{y + 12}">{label}</text>',
+            f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{row_h - 4}" '
+            f'fill="{"#4a7ebb" if r.result == "PASS" else "#c0504d"}"/>',
+            f'<text x="{label_w + w + 4:.1f}" y="{y + 12}">{r.instructions_per_mac:.2f}</text>',
+        ]
     if not ran:
         parts.append('<text x="4" y="40">no combination ran</text>')
     parts.append("</svg>")

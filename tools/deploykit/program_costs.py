@@ -23,9 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 # Kernels that convert between int8 and float: the edges of an island, not fallbacks.
-QDQ_KERNELS = ("cortex_m::quantize_per_tensor", "cortex_m::dequantize_per_tensor",
-               "quantized_decomposed::quantize_per_tensor",
-               "quantized_decomposed::dequantize_per_tensor")
+QDQ_KERNELS = (
+    "cortex_m::quantize_per_tensor",
+    "cortex_m::dequantize_per_tensor",
+    "quantized_decomposed::quantize_per_tensor",
+    "quantized_decomposed::dequantize_per_tensor",
+)
 TARGET_NAMESPACE = "cortex_m::"
 _ITEM_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 11: 1, 15: 2}
 _FLOAT_TYPES = {5, 6, 7, 15}  # half, float, double, bfloat16
@@ -107,19 +110,28 @@ def program_costs(plan: Any, operators: tuple[str, ...]) -> ProgramCosts:
             if kind == "KernelCall":
                 calls.append((operators[instr.instr_args.op_index], list(instr.instr_args.args)))
             elif kind == "DelegateCall":
-                calls.append((f"delegate {instr.instr_args.delegate_index}",
-                              list(instr.instr_args.args)))
-    macs = sum(kernel_macs(plan, op, args) for op, args in calls
-               if not op.startswith("delegate "))
+                calls.append(
+                    (f"delegate {instr.instr_args.delegate_index}", list(instr.instr_args.args))
+                )
+    macs = sum(kernel_macs(plan, op, args) for op, args in calls if not op.startswith("delegate "))
     bound, at = _live_peak(plan, calls)
     has_target = bool(plan.delegates) or any(op.startswith(TARGET_NAMESPACE) for op, _ in calls)
-    fallback = [i for i, (op, _) in enumerate(calls)
-                if has_target and not op.startswith(("delegate ", TARGET_NAMESPACE))
-                and _short(op) not in QDQ_KERNELS]
+    fallback = [
+        i
+        for i, (op, _) in enumerate(calls)
+        if has_target
+        and not op.startswith(("delegate ", TARGET_NAMESPACE))
+        and _short(op) not in QDQ_KERNELS
+    ]
     seen: dict[str, None] = {calls[i][0]: None for i in fallback}
-    return ProgramCosts(macs=macs, activation_lower_bound=bound, lower_bound_at=at,
-                        fallback_ops=tuple(seen), islands=_islands(plan, calls, fallback),
-                        has_target_kernels=has_target)
+    return ProgramCosts(
+        macs=macs,
+        activation_lower_bound=bound,
+        lower_bound_at=at,
+        fallback_ops=tuple(seen),
+        islands=_islands(plan, calls, fallback),
+        has_target_kernels=has_target,
+    )
 
 
 def _live_peak(plan: Any, calls: list[tuple[str, list[int]]]) -> tuple[int, str]:
@@ -143,8 +155,9 @@ def _live_peak(plan: Any, calls: list[tuple[str, list[int]]]) -> tuple[int, str]
     return best, where
 
 
-def _islands(plan: Any, calls: list[tuple[str, list[int]]], fallback: list[int]
-             ) -> tuple[Island, ...]:
+def _islands(
+    plan: Any, calls: list[tuple[str, list[int]]], fallback: list[int]
+) -> tuple[Island, ...]:
     runs: list[list[int]] = []
     for i in fallback:
         if runs and runs[-1][-1] == i - 1:
@@ -156,15 +169,26 @@ def _islands(plan: Any, calls: list[tuple[str, list[int]]], fallback: list[int]
         first, last = run[0], run[-1]
         if first > 0 and _short(calls[first - 1][0]).endswith("dequantize_per_tensor"):
             first -= 1
-        if last + 1 < len(calls) and _short(calls[last + 1][0]).endswith("quantize_per_tensor") \
-                and not _short(calls[last + 1][0]).endswith("dequantize_per_tensor"):
+        if (
+            last + 1 < len(calls)
+            and _short(calls[last + 1][0]).endswith("quantize_per_tensor")
+            and not _short(calls[last + 1][0]).endswith("dequantize_per_tensor")
+        ):
             last += 1
         is_float = any(
             t is not None and int(t.scalar_type) in _FLOAT_TYPES
-            for i in run for t in (_tensor(plan, a) for a in calls[i][1]))
-        out.append(Island(ops=tuple(calls[i][0] for i in range(first, last + 1)),
-                          first=first, last=last, is_float=is_float,
-                          macs=sum(kernel_macs(plan, *calls[i]) for i in run)))
+            for i in run
+            for t in (_tensor(plan, a) for a in calls[i][1])
+        )
+        out.append(
+            Island(
+                ops=tuple(calls[i][0] for i in range(first, last + 1)),
+                first=first,
+                last=last,
+                is_float=is_float,
+                macs=sum(kernel_macs(plan, *calls[i]) for i in run),
+            )
+        )
     return tuple(out)
 
 
@@ -179,4 +203,5 @@ def refuse_fallbacks(pte: Any, islands: tuple[Island, ...]) -> None:
         f"{pte} is not strictly in the flow's target kernels: {len(islands)} "
         f"island{'s' if len(islands) > 1 else ''} run outside them: {listed}.",
         "Rewrite the layers named there into ones the flow lowers (e.g. a Conv1d as a Conv2d "
-        "with a height of 1), or leave out --strict to accept the fallbacks.")
+        "with a height of 1), or leave out --strict to accept the fallbacks.",
+    )
