@@ -17,6 +17,7 @@ the same worker one after the other: two workers never build the same runtime at
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -108,7 +109,14 @@ def run_matrix(
     for c in combos:
         groups.setdefault((c.board, c.flow, c.profile), []).append(c)
     rows: dict[Combination, MatrixRow] = {}
-    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=get_context("spawn")) as pool:
+    # Each worker's builds share the cores: jobs x build jobs stays at the core count.
+    build_jobs = str(max(1, (os.cpu_count() or 1) // max(1, jobs)))
+    with ProcessPoolExecutor(
+        max_workers=max(1, jobs),
+        mp_context=get_context("spawn"),
+        initializer=_limit_build_jobs,
+        initargs=(build_jobs,),
+    ) as pool:
         futures = {
             pool.submit(_run_group, group, out, workspace): key for key, group in groups.items()
         }
@@ -122,6 +130,10 @@ def run_matrix(
                     + (f" ({row.reason.splitlines()[0][:100]})" if row.reason else "")
                 )
     return [rows[c] for c in combos]
+
+
+def _limit_build_jobs(build_jobs: str) -> None:
+    os.environ.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", build_jobs)
 
 
 def _run_group(group: list[Combination], out: Path, workspace: Path | None) -> list[MatrixRow]:
