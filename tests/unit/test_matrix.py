@@ -112,3 +112,13 @@ def test_cli_rejects_bad_jobs_and_unknown_model(capsys, tmp_path):
     )
     assert code == ExitCode.CONFIG and "no_such_model" in err
     assert not (tmp_path / "matrix.json").exists()  # nothing written for a refused filter
+
+
+def test_profile_command_takes_the_common_options(capsys, tmp_path):
+    """`deploykit profile` passes every common option (--strict among them) to the API: it
+    ends in a clear error (missing sources, or the unknown model), not a TypeError."""
+    code, err = _cli(
+        ["profile", "--board", "qemu-an505", "--model", "no_such_model", "--out", str(tmp_path)],
+        capsys,
+    )
+    assert code in (ExitCode.CONFIG, ExitCode.ENVIRONMENT) and "deploykit: error:" in err

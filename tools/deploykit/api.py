@@ -341,9 +341,10 @@ def profile(board: str, model: str, flow: str | None = None, out: Path | None = 
             workspace: Path | None = None, timeout: float = 120.0, progress: Progress = _quiet,
             npu_macs: int | None = None, npu_memory_mode: str | None = None,
             runner_options: dict | None = None, profile: str | None = None,
-            fit: bool = False):
+            fit: bool = False, strict: bool = False):
     """Per-operator profile of `model` on `board` (profiling/stage.py, docs/profiling.md):
-    builds profiling firmware and the plain one, runs both, writes <out>/profile/."""
+    builds profiling firmware and the plain one, runs both, writes <out>/profile/. `strict`:
+    as for export."""
     from .profiling.stage import profile_model
     from .runners import runner_class
 
@@ -352,7 +353,7 @@ def profile(board: str, model: str, flow: str | None = None, out: Path | None = 
     out = out or default_out(board, model)
     with out_lock(out):
         return profile_model(b, model, resolve_flow(b, flow), out, workspace, timeout, progress,
-                             runner_options, build_profile=resolve_profile(b, profile), fit=fit)
+                             runner_options, build_profile=_profile(b, profile, strict), fit=fit)
 
 
 def debug_intermediates(board: str, model: str, flow: str | None = None,
@@ -361,7 +362,7 @@ def debug_intermediates(board: str, model: str, flow: str | None = None,
                         npu_macs: int | None = None, npu_memory_mode: str | None = None,
                         runner_options: dict | None = None, profile: str | None = None,
                         fit: bool = False, atol: float | None = None,
-                        rtol: float | None = None):
+                        rtol: float | None = None, strict: bool = False):
     """Every operator's device output against the host's, in execution order (`deploykit run
     --debug-intermediates`; profiling/stage.py, docs/profiling.md)."""
     from .profiling.stage import debug_intermediates as debug
@@ -372,7 +373,7 @@ def debug_intermediates(board: str, model: str, flow: str | None = None,
     out = out or default_out(board, model)
     with out_lock(out):
         return debug(b, model, resolve_flow(b, flow), out, workspace, timeout, progress,
-                     runner_options, build_profile=resolve_profile(b, profile), fit=fit,
+                     runner_options, build_profile=_profile(b, profile, strict), fit=fit,
                      atol=atol, rtol=rtol)
 
 
