@@ -12,8 +12,6 @@ import pytest
 from deploykit import api
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
 
-pytest.importorskip("executorch")
-
 MODELS = ["ds_cnn", "mobilenet_v1_025", "resnet8", "deep_autoencoder"]
 MACS = {
     "ds_cnn": 2_656_768,

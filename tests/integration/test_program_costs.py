@@ -6,12 +6,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from deploykit import api
 from deploykit.errors import ConfigError
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("executorch")
 
 
 def test_int8_autoencoder_costs(tmp_path):
