@@ -16,6 +16,7 @@ tested against pyserial's ListPortInfo.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pty
 import shutil
@@ -216,6 +217,21 @@ int main(int argc, char **argv) {
     char text[32];
     snprintf(text, sizeof text, "log %ld", i);
     dk_send_log(text); /* the interrupt may land anywhere in here */
+  }
+  if (opt(argc, argv, "trace", 0)) { /* profiling firmware: its clock, two operators ended */
+    uint8_t clock[20] = {2, 0, 0, 0, 0x40, 0x42, 0x0f, 0}; /* DWT cycles at 1 MHz */
+    dk_send_record(DK_REC_TRACE_CLOCK, clock, sizeof clock);
+    for (uint8_t i = 0; i < 2u; ++i) {
+      uint8_t e[29 + 13];
+      memset(e, 0, sizeof e);
+      e[4] = i;               /* debug handle: instruction i of chain 0 */
+      memset(e + 8, 0xff, 4); /* no delegate */
+      e[12] = (uint8_t)(10u * i);
+      e[20] = (uint8_t)(10u * i + 5u);
+      e[28] = 13u;
+      memcpy(e + 29, "OPERATOR_CALL", 13);
+      dk_send_record(DK_REC_TRACE_EVENT, e, sizeof e);
+    }
   }
   if (opt(argc, argv, "hang", 0)) hang(argc, argv);
   if (opt(argc, argv, "fault", 0)) { /* what board.c's fault handler does, then "reboot" */
@@ -497,6 +513,40 @@ def test_watchdog_reboot_serves_the_records_before_the_hang(standin, tmp_path):
     assert rec.hello is not None and 0 in rec.tensors  # the records before the hang
     assert res.stats.reopens == 1
     assert second.finish()[0] == 0
+
+
+def test_a_profiling_run_that_hangs_is_placed_in_its_program(standin, pico2, tmp_path):
+    # Profiling firmware sent its clock and two operator events, then hung: the timer-serviced
+    # link delivers them, and the host places the hang in the program the ELF embeds.
+    import torch
+    from executorch.exir import to_edge
+
+    from deploykit.profiling.trace import program_instructions
+    from tests.unit.test_hang_location import _elf_with_program
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    exported = torch.export.export(model.eval(), (torch.zeros(1, 4),))
+    pte = to_edge(exported).to_executorch().buffer
+    elf = _elf_with_program(tmp_path, pte)
+    instructions = program_instructions(pte)
+    names = [instructions[k].name for k in sorted(instructions)]
+    assert sorted(instructions)[:3] == [(0, 0), (0, 1), (0, 2)]
+    serial = {**pico2.raw["serial"], "connect_timeout_s": 0.5}
+    board = dataclasses.replace(pico2, raw={**pico2.raw, "serial": serial})
+    dev = Device(standin["default"], "tick_us=2000", "trace=1", "hang=1")
+    try:
+        time.sleep(0.3)
+        result = read_board(board, tmp_path / "run", timeout_s=2.0, port=dev.path, elf=elf)
+    finally:
+        dev.proc.kill()
+        dev.proc.wait()
+        os.close(dev.master)
+    outcome = result.outcome()
+    assert outcome.exit_code == ExitCode.TIMEOUT, outcome
+    assert (
+        f"Hung in execute() call 1, after operator 2 of {len(names)} ({names[1]}); "
+        f"operator 3 ({names[2]}) did not end" in outcome.cause
+    ), outcome.cause
 
 
 def test_no_port_means_no_boot(tmp_path):
