@@ -76,6 +76,14 @@ int dk_probe_read32(uintptr_t addr, uint32_t *value);
 void dk_dcache_clean(const void *addr, size_t size);
 void dk_dcache_clean_invalidate(const void *addr, size_t size);
 
+/* Families with a watchdog around execute() (DK_WATCHDOG_EXECUTE_MS > 0, from the board file's
+ * watchdog.execute_ms): the runner arms it before each execute() and disarms it after. A hang
+ * in between reboots the board, which then serves the run's records and a WATCHDOG error. */
+#if defined(DK_WATCHDOG_EXECUTE_MS) && DK_WATCHDOG_EXECUTE_MS > 0
+void dk_execute_watch_begin(void);
+void dk_execute_watch_end(void);
+#endif
+
 #ifdef __cplusplus
 }
 #endif

@@ -37,6 +37,12 @@ using executorch::runtime::Result;
 #ifndef DK_TRACE_INTERMEDIATES
 #define DK_TRACE_INTERMEDIATES 0
 #endif
+/* DK_RUNNER_HANG_AT_OP=k (a test variant, CMake option of the same name): spin when the k-th
+ * operator (1-based; kernel or delegate call) of an execute() begins, so the host must report
+ * the hang with the operator position from the events it has seen. Unset, none of it exists. */
+#ifdef DK_RUNNER_HANG_AT_OP
+static_assert(DK_RUNNER_HANG_AT_OP >= 1, "DK_RUNNER_HANG_AT_OP counts operators from 1");
+#endif
 
 /* ---- the event clock (a board fact: boards/<board>.yaml timer.event_clock) ---- */
 #if defined(DK_EVENT_CLOCK_SYSTICK)
@@ -91,6 +97,22 @@ namespace {
 
 constexpr uint32_t kCalibrationPairs = 32u;
 
+#ifdef DK_RUNNER_HANG_AT_OP
+__attribute__((noinline)) void dk_trace_hang_site() {
+  for (;;) __asm__ volatile("" ::: "memory");
+}
+
+/* Counts the operators of the current execute() and hangs at the chosen one. */
+void hang_at_operator(const char *name) {
+  static uint32_t operators;
+  if (strcmp(name, "Method::execute") == 0) {
+    operators = 0u;
+  } else if (strcmp(name, "OPERATOR_CALL") == 0 || strcmp(name, "DELEGATE_CALL") == 0) {
+    if (++operators == static_cast<uint32_t>(DK_RUNNER_HANG_AT_OP)) dk_trace_hang_site();
+  }
+}
+#endif
+
 inline uint8_t *put_u16(uint8_t *p, uint16_t v) {
   p[0] = static_cast<uint8_t>(v);
   p[1] = static_cast<uint8_t>(v >> 8);
@@ -117,6 +139,9 @@ class StreamingTracer final : public EventTracer {
 
   EventTracerEntry start_profiling(const char *name, ChainID chain_id,
                                    DebugHandle debug_handle) override {
+#ifdef DK_RUNNER_HANG_AT_OP
+    hang_at_operator(name);
+#endif
     const uint64_t t = event_clock();
     EventTracerEntry e;
     e.event_id = static_cast<int64_t>(reinterpret_cast<intptr_t>(name));

@@ -426,9 +426,15 @@ int main(void) {
     const uint64_t overhead0 = dk_trace_overhead_ticks();
     const uint32_t events0 = dk_trace_events();
 #endif
+#if defined(DK_WATCHDOG_EXECUTE_MS) && DK_WATCHDOG_EXECUTE_MS > 0
+    dk_execute_watch_begin();
+#endif
     const uint64_t t0 = dk_ticks();
     Error err = method->execute();
     ticks += dk_ticks() - t0;
+#if defined(DK_WATCHDOG_EXECUTE_MS) && DK_WATCHDOG_EXECUTE_MS > 0
+    dk_execute_watch_end();
+#endif
 #if DK_PROFILE_EVENTS
     tracer_ticks += dk_trace_overhead_ticks() - overhead0;
     tracer_events += dk_trace_events() - events0;

@@ -1,8 +1,10 @@
 """A hang is located, not only timed out: when the time limit expires, QEMU is asked for the
 CPU registers over QMP and PC and LR are mapped to function, file and line (runners/hang.py).
 Deliberate-hang variants of the selftest (no sources needed) and of the runner (needs the
-ExecuTorch sources) run on QEMU for real. The runner tests also check two codes of the error
-table on the device: a planned-buffer count mismatch is a build error, not a pool too small.
+ExecuTorch sources) run on QEMU for real; the profiling runner that hangs inside execute() at a
+chosen operator is also placed in the program ("after operator k of N"). The runner tests also
+check two codes of the error table on the device: a planned-buffer count mismatch is a build
+error, not a pool too small.
 """
 
 from __future__ import annotations
@@ -14,8 +16,12 @@ from pathlib import Path
 import pytest
 
 from deploykit import api
+from deploykit.api import resolve_flow
 from deploykit.boards import load_board
 from deploykit.errors import ExitCode
+from deploykit.pipeline import FirmwareVariant, build_firmware
+from deploykit.profiling.stage import trace_definitions
+from deploykit.profiling.trace import program_instructions
 from deploykit.protocol.error_codes import BY_NAME
 from deploykit.runners import runner_for_board
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
@@ -99,3 +105,46 @@ def test_planned_buffer_count_mismatch_is_a_build_error_on_the_device(built_runn
     assert outcome.exit_code == ExitCode.BUILD
     assert "DK_ERR_PLANNED_COUNT (0x100c)" in outcome.cause
     assert "--fit does not help" in outcome.hint
+
+
+HANG_AT_OP = 3  # the operator (1-based) of execute() the profiling runner hangs in
+
+
+@requires_sources
+def test_hang_inside_execute_names_the_operator_position(tmp_path):
+    """Profiling firmware built with DK_RUNNER_HANG_AT_OP hangs when its 3rd operator begins:
+    the report names the hang site and "after operator 2 of N (its name)" from the events."""
+    board = load_board("qemu-an547")
+    definitions = {
+        **trace_definitions(board, intermediates=False),
+        "DK_RUNNER_HANG_AT_OP": str(HANG_AT_OP),
+    }
+    built = build_firmware(
+        board,
+        "tiny_cnn",
+        resolve_flow(board, None),
+        tmp_path,
+        None,
+        lambda _msg: None,
+        variant=FirmwareVariant("firmware-hang", definitions),
+    )
+    instructions = program_instructions(built.planned.export.pte_path.read_bytes())
+    order = sorted(instructions)
+    assert len(order) > HANG_AT_OP, "the model needs more operators than the hang position"
+    result = runner_for_board(board).run(
+        built.firmware.elf, tmp_path / "run", timeout_s=LIMIT_S, check=False
+    )
+    outcome = result.outcome()
+    assert outcome.exit_code == ExitCode.TIMEOUT, outcome.cause
+    assert re.search(
+        r"Hung in (\(anonymous namespace\)::)?dk_trace_hang_site "
+        r"\(deploykit firmware, event_tracer\.cpp:\d+\)",
+        outcome.cause,
+    ), outcome.cause
+    before, hung_in = instructions[order[HANG_AT_OP - 2]], instructions[order[HANG_AT_OP - 1]]
+    position = (
+        f"in execute() call 1, after operator {HANG_AT_OP - 1} of {len(order)} "
+        f"({before.name}); operator {HANG_AT_OP} ({hung_in.name}) did not end"
+    )
+    assert position in outcome.cause, outcome.cause
+    assert result.wall_seconds < LIMIT_S + 3.0, result.wall_seconds

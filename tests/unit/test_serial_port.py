@@ -6,12 +6,17 @@ plays the runner (hello, tensor, timing, memory, done) on the master side of a p
 slave side raw like a USB CDC port. The host side is deploykit's SerialLink reading the slave
 through real pyserial. Scenarios: the host opens late (after the run), early (before it),
 during it; stale bytes of an earlier session; a lost response (device repeat, host re-request);
-a transcript overflow; and a fault reboot (the port goes away and comes back with the saved
-report). Port discovery is tested against pyserial's ListPortInfo.
+a transcript overflow; a fault reboot (the port goes away and comes back with the saved
+report); and the link serviced from a timer interrupt (a POSIX interval timer's signal stands
+in for the RP2350's alarm interrupt, preempting the "firmware" wherever it is): a hung program
+still answers, the interrupt never enters the link while the program is writing, and a
+watchdog reboot serves the records before the hang with a WATCHDOG error. Port discovery is
+tested against pyserial's ListPortInfo.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pty
 import shutil
@@ -30,6 +35,7 @@ from deploykit.boards import load_board, repo_root
 from deploykit.errors import ConfigError, ExitCode, RunError
 from deploykit.protocol import DoneStatus
 from deploykit.protocol.budget import transcript_bytes
+from deploykit.protocol.error_codes import BY_NAME
 from deploykit.runners import RUNNERS, runner_for_board
 from deploykit.runners.serial_port import (
     ACK,
@@ -49,6 +55,8 @@ STANDIN_C = r"""
 #define _DEFAULT_SOURCE
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +64,7 @@ STANDIN_C = r"""
 #include <unistd.h>
 
 #include "dk_board.h"
+#include "dk_errors.h"
 #include "dk_link.h"
 #include "dk_protocol.h"
 
@@ -117,6 +126,39 @@ static const char *sopt(int argc, char **argv, const char *key) {
 
 static unsigned char transcript[DK_LINK_TRANSCRIPT_BYTES];
 
+/* The timer interrupt (tick_us=N): a signal that preempts main() wherever it is, as the
+ * RP2350's alarm interrupt preempts the runner, and services the link as board.c's does. */
+static void on_tick(int sig) {
+  (void)sig;
+  dk_link_service();
+}
+static void start_tick(long us) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_tick;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGALRM, &sa, NULL);
+  struct itimerval it = {{0, us}, {0, us}};
+  setitimer(ITIMER_REAL, &it, NULL);
+}
+/* A hang in execute(): spins without touching the link (hang=1 forever; with watchdog_ms, the
+ * watchdog "reset" after that long: the transcript as the scratch registers describe it is
+ * saved, and the port goes away). */
+static void hang(int argc, char **argv) {
+  const long watchdog_ms = opt(argc, argv, "watchdog_ms", 0);
+  const uint64_t end = now_us() + (uint64_t)watchdog_ms * 1000u;
+  while (!watchdog_ms || now_us() < end) {
+  }
+  struct itimerval off = {{0, 0}, {0, 0}};
+  setitimer(ITIMER_REAL, &off, NULL);
+  size_t used;
+  const uint8_t *t = dk_link_transcript(&used);
+  FILE *f = fopen(sopt(argc, argv, "save"), "wb");
+  fwrite(t, 1, used, f);
+  fclose(f);
+  exit(5);
+}
+
 /* Polls the link for `ms` (a run would not poll; "busy" sleeps instead). */
 static void serve_for(long ms, int busy) {
   uint64_t end = now_us() + (uint64_t)ms * 1000u;
@@ -136,8 +178,8 @@ static void finish(int argc, char **argv) {
     usleep(500);
   }
   const dk_link_stats_t *s = dk_link_get_stats();
-  printf("requests=%u acks=%u repeats=%u overflow=%u\n", s->requests, s->acks, s->repeats,
-         s->overflow);
+  printf("requests=%u acks=%u repeats=%u overflow=%u serviced=%u deferred=%u\n", s->requests,
+         s->acks, s->repeats, s->overflow, s->serviced, s->deferred);
   fflush(stdout);
   exit(s->acks ? 0 : 3);
 }
@@ -147,14 +189,20 @@ int main(int argc, char **argv) {
   const char *drop = sopt(argc, argv, "drop");
   if (drop) sscanf(drop, "%ld:%ld", &drop_from, &drop_to);
   const char *replay = sopt(argc, argv, "replay");
-  if (replay) { /* after a fault reboot: serve the saved transcript */
+  if (replay) { /* after a fault (or watchdog) reboot: serve the saved transcript */
     FILE *f = fopen(replay, "rb");
     size_t n = fread(transcript, 1, sizeof transcript, f);
     fclose(f);
     dk_link_init(&port, transcript, sizeof transcript, n);
+    if (opt(argc, argv, "watchdog", 0)) { /* what board.c appends after a watchdog reboot */
+      dk_send_error(DK_ERR_WATCHDOG, "the watchdog reset the board in execute()");
+      dk_send_done(DK_STATUS_ET_ERROR);
+    }
     finish(argc, argv);
   }
   dk_link_init(&port, transcript, sizeof transcript, 0);
+  const long tick_us = opt(argc, argv, "tick_us", 0);
+  if (tick_us) start_tick(tick_us);
   stale_pending = (int)opt(argc, argv, "stale", 0);
   serve_for(opt(argc, argv, "delay_ms", 0), 1);
   long gap = opt(argc, argv, "gap_ms", 0), n_floats = opt(argc, argv, "floats", 10);
@@ -165,6 +213,27 @@ int main(int argc, char **argv) {
   const int32_t sizes[2] = {1, (int32_t)n_floats};
   dk_send_tensor(0, DK_DTYPE_FLOAT32, 2, sizes, 0.0f, 0, out, (uint32_t)(n_floats * 4));
   serve_for(gap, 1);
+  for (long i = 0, logs = opt(argc, argv, "logs", 0); i < logs; ++i) {
+    char text[32];
+    snprintf(text, sizeof text, "log %ld", i);
+    dk_send_log(text); /* the interrupt may land anywhere in here */
+  }
+  if (opt(argc, argv, "trace", 0)) { /* profiling firmware: its clock, two operators ended */
+    uint8_t clock[20] = {2, 0, 0, 0, 0x40, 0x42, 0x0f, 0}; /* DWT cycles at 1 MHz */
+    dk_send_record(DK_REC_TRACE_CLOCK, clock, sizeof clock);
+    for (uint8_t i = 0; i < 2u; ++i) {
+      uint8_t e[29 + 13];
+      memset(e, 0, sizeof e);
+      e[4] = i;               /* debug handle: instruction i of chain 0 */
+      memset(e + 8, 0xff, 4); /* no delegate */
+      e[12] = (uint8_t)(10u * i);
+      e[20] = (uint8_t)(10u * i + 5u);
+      e[28] = 13u;
+      memcpy(e + 29, "OPERATOR_CALL", 13);
+      dk_send_record(DK_REC_TRACE_EVENT, e, sizeof e);
+    }
+  }
+  if (opt(argc, argv, "hang", 0)) hang(argc, argv);
   if (opt(argc, argv, "fault", 0)) { /* what board.c's fault handler does, then "reboot" */
     dk_link_enter_fault_mode();
     dk_send_log("fault: UsageFault (exception 6)");
@@ -373,6 +442,111 @@ def test_fault_reboot_port_goes_away_and_the_saved_report_is_served(standin, tmp
     assert rec.hello is not None and 0 in rec.tensors  # what came before the fault, too
     assert res.stats.reopens == 1
     assert second.finish()[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("tick", "expected"), [(True, ExitCode.TIMEOUT), (False, ExitCode.NO_BOOT)]
+)
+def test_a_hang_answers_from_the_timer_interrupt(standin, tick, expected):
+    # The program hangs (in execute(), say) before the host opens the port. Serviced from the
+    # timer interrupt, the link still answers and sends what came before: a timeout with the
+    # last records. Without the interrupt nothing answers, which reads as a board that never
+    # booted.
+    args = ["hang=1", *(["tick_us=2000"] if tick else [])]
+    dev = Device(standin["default"], *args)
+    try:
+        time.sleep(0.3)
+        res = read(dev.path, timeout=2.0)
+    finally:
+        dev.proc.kill()
+        dev.proc.wait()
+        os.close(dev.master)
+    outcome = res.records.outcome(timed_out=res.timed_out)
+    assert res.timed_out and outcome.exit_code == expected, outcome
+    if tick:
+        assert res.records.done is None and 0 in res.records.tensors
+        assert "hello(board=pico2" in outcome.cause and "1 tensor(s)" in outcome.cause
+
+
+def test_the_interrupt_never_enters_the_link_while_the_program_writes(standin):
+    # A tick every 50 us while the program writes 400 log records to a host already reading:
+    # ticks land inside dk_link_write (they must defer) and between writes (they poll). The
+    # stream must arrive whole and in order.
+    dev = Device(standin["sized2000"], "tick_us=50", "delay_ms=300", "logs=400")
+    res = read(dev.path, timeout=15.0)
+    code, stats = dev.finish()
+    rec = res.records
+    assert rec.outcome().exit_code == ExitCode.OK, rec.outcome()
+    assert [log.text for log in rec.logs] == [f"log {i}" for i in range(400)]
+    assert res.stats.syncs == 1 and not rec.stats.problems(), rec.stats.problems()
+    assert rec.stats.noise_bytes == 0 and rec.stats.duplicate_frames == 0
+    assert code == 0 and stats["deferred"] > 0 and stats["serviced"] > 0, stats
+
+
+def test_watchdog_reboot_serves_the_records_before_the_hang(standin, tmp_path):
+    # execute() hangs with the watchdog armed: the tick streams what was sent, the watchdog
+    # resets the board (the port goes away), and the next boot serves the saved transcript
+    # followed by a WATCHDOG error (board.c's path, as the stand-in plays it).
+    saved = tmp_path / "transcript.bin"
+    state = {"path": None}
+    first = Device(standin["default"], "tick_us=2000", "hang=1", "watchdog_ms=1500",
+                   f"save={saved}")
+    state["path"] = first.path
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.setdefault("res", read(lambda: state["path"],
+                                                                    timeout=15.0)))
+    t.start()
+    assert first.proc.wait(timeout=10) == 5  # the watchdog reset: the port is gone
+    os.close(first.master)
+    state["path"] = None
+    time.sleep(0.3)
+    second = Device(standin["default"], f"replay={saved}", "watchdog=1")
+    state["path"] = second.path
+    t.join(timeout=20)
+    res = box["res"]
+    rec = res.records
+    outcome = rec.outcome()
+    assert outcome.exit_code == ExitCode.TIMEOUT, outcome
+    (error,) = rec.errors
+    assert error.code == BY_NAME["WATCHDOG"].code
+    assert "WATCHDOG" in outcome.cause and "execute()" in outcome.cause
+    assert rec.hello is not None and 0 in rec.tensors  # the records before the hang
+    assert res.stats.reopens == 1
+    assert second.finish()[0] == 0
+
+
+def test_a_profiling_run_that_hangs_is_placed_in_its_program(standin, pico2, tmp_path):
+    # Profiling firmware sent its clock and two operator events, then hung: the timer-serviced
+    # link delivers them, and the host places the hang in the program the ELF embeds.
+    import torch
+    from executorch.exir import to_edge
+
+    from deploykit.profiling.trace import program_instructions
+    from tests.unit.test_hang_location import _elf_with_program
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    exported = torch.export.export(model.eval(), (torch.zeros(1, 4),))
+    pte = to_edge(exported).to_executorch().buffer
+    elf = _elf_with_program(tmp_path, pte)
+    instructions = program_instructions(pte)
+    names = [instructions[k].name for k in sorted(instructions)]
+    assert sorted(instructions)[:3] == [(0, 0), (0, 1), (0, 2)]
+    serial = {**pico2.raw["serial"], "connect_timeout_s": 0.5}
+    board = dataclasses.replace(pico2, raw={**pico2.raw, "serial": serial})
+    dev = Device(standin["default"], "tick_us=2000", "trace=1", "hang=1")
+    try:
+        time.sleep(0.3)
+        result = read_board(board, tmp_path / "run", timeout_s=2.0, port=dev.path, elf=elf)
+    finally:
+        dev.proc.kill()
+        dev.proc.wait()
+        os.close(dev.master)
+    outcome = result.outcome()
+    assert outcome.exit_code == ExitCode.TIMEOUT, outcome
+    assert (
+        f"Hung in execute() call 1, after operator 2 of {len(names)} ({names[1]}); "
+        f"operator 3 ({names[2]}) did not end" in outcome.cause
+    ), outcome.cause
 
 
 def test_no_port_means_no_boot(tmp_path):

@@ -14,6 +14,12 @@
  *             transcript without any I/O (USB cannot run at fault priority); the transcript is
  *             described in watchdog scratch registers 0-3, the chip reboots through the
  *             watchdog, and the next boot serves the saved transcript instead of running main()
+ *   link      serviced from a TIMER0 alarm at the lowest interrupt priority every
+ *             DK_LINK_SERVICE_MS (board file serial.service_ms), besides the main thread's own
+ *             writes: a hung program still answers the host and streams what it sent
+ *   watchdog  armed around each execute() for DK_WATCHDOG_EXECUTE_MS (board file
+ *             watchdog.execute_ms); the transcript is kept described in the scratch registers
+ *             meanwhile, so a hang reboots into serving it followed by a WATCHDOG error
  *   stack     core 0's stack is the board file's `stack` region (SCRATCH_X + SCRATCH_Y), painted
  *             at init; MSPLIM is set to its limit so an overflow faults (CFSR.STKOF)
  *   heap      _sbrk is bounded by the board file's heap_size and records its high-water mark
@@ -27,7 +33,9 @@
 #include "dk_fault_capture.h"
 #include "dk_link.h"
 #include "dk_protocol.h"
+#include "dk_errors.h"
 #include "hardware/irq.h"
+#include "hardware/timer.h"
 #include "hardware/structs/watchdog.h"
 #include "hardware/watchdog.h"
 #include "pico/stdlib.h"
@@ -39,6 +47,9 @@
 #error "the rp2350 family supports timer kind pico-timer only"
 #endif
 _Static_assert(DK_TIMER_HZ == 1000000u, "pico-timer runs at 1 MHz (time_us_64)");
+#if !defined(DK_LINK_SERVICE_MS) || !defined(DK_WATCHDOG_EXECUTE_MS)
+#error "DK_LINK_SERVICE_MS and DK_WATCHDOG_EXECUTE_MS come from the board file (pico_board.cmake)"
+#endif
 
 /* The transcript holds one whole run. The runner's is sized from its model: model_config.h's
  * DK_RESULT_BYTES counts what the run sends (hello, the outputs, timing, memory, done) plus
@@ -72,9 +83,11 @@ extern uint8_t __dk_heap_end[];
  * transcript (no I/O in fault mode) take 312 B in the mlp_mnist image (scripts/stack-depth). */
 #define DK_FAULT_STACK_BYTES 512u
 
-/* Watchdog scratch 0-3 describe a transcript saved by the fault handler (the SDK's
- * watchdog_reboot uses 4-7). */
+/* Watchdog scratch 0-3 describe a saved transcript (the SDK's watchdog_reboot uses 4-7):
+ * 0 the magic (saved by the fault handler, or kept current while execute() is watched),
+ * 1 its length, 2 its CRC-32, 3 its address. */
 #define DK_SAVED_MAGIC 0xD3F4017Bu
+#define DK_WATCHED_MAGIC 0xD3F4A7C8u
 
 /* The transcript lives in .uninitialized_data: not zeroed at start-up, so it survives the
  * watchdog reboot after a fault. */
@@ -111,19 +124,45 @@ static void dk_paint_stack(void) {
   for (volatile uint32_t *p = __dk_stack_limit; (uintptr_t)p + 64u < sp; ++p) *p = DK_STACK_PAINT;
 }
 
-/* 1: a valid transcript was saved by the fault handler (its length in *used); -1: a fault
- * reboot whose transcript did not survive; 0: a normal boot. Clears the marker either way. */
-static int dk_saved_transcript(size_t *used) {
-  if (!watchdog_caused_reboot() || watchdog_hw->scratch[0] != DK_SAVED_MAGIC) return 0;
+/* DK_SAVED_MAGIC (a fault) or DK_WATCHED_MAGIC (the watchdog fired in execute()) when a valid
+ * transcript survived the reboot (its length in *used); -1: such a reboot whose transcript did
+ * not survive (-2 for a hang); 0: a normal boot. Clears the marker either way. */
+static int64_t dk_saved_transcript(size_t *used) {
+  const uint32_t magic = watchdog_hw->scratch[0];
+  if (!watchdog_caused_reboot() || (magic != DK_SAVED_MAGIC && magic != DK_WATCHED_MAGIC))
+    return 0;
   const uint32_t n = watchdog_hw->scratch[1];
   const uint32_t crc = watchdog_hw->scratch[2];
   const uint32_t where = watchdog_hw->scratch[3];
   watchdog_hw->scratch[0] = 0u;
   if (where != (uint32_t)(uintptr_t)dk_transcript || n == 0u || n > sizeof dk_transcript ||
       dk_crc32(0u, dk_transcript, n) != crc)
-    return -1;
+    return magic == DK_WATCHED_MAGIC ? -2 : -1;
   *used = n;
-  return 1;
+  return magic;
+}
+
+/* ---- the link's service tick: a TIMER0 alarm at the lowest priority ---- */
+
+static uint dk_tick_alarm;
+
+static void dk_link_tick(void) {
+  timer_hw->intr = 1u << dk_tick_alarm; /* acknowledge */
+  dk_link_service();
+  /* Re-armed after the work, from now: a target already passed would fire only at the 32-bit
+   * wrap (71 minutes). */
+  timer_hw->alarm[dk_tick_alarm] = timer_hw->timerawl + DK_LINK_SERVICE_MS * 1000u;
+}
+
+static void dk_link_tick_start(void) {
+  dk_tick_alarm = (uint)hardware_alarm_claim_unused(true);
+  const uint irq = hardware_alarm_get_irq_num(dk_tick_alarm);
+  irq_set_exclusive_handler(irq, dk_link_tick);
+  /* Below stdio_usb's own interrupts: they may run inside a tick, never the other way. */
+  irq_set_priority(irq, PICO_LOWEST_IRQ_PRIORITY);
+  hw_set_bits(&timer_hw->inte, 1u << dk_tick_alarm);
+  irq_set_enabled(irq, true);
+  timer_hw->alarm[dk_tick_alarm] = timer_hw->timerawl + DK_LINK_SERVICE_MS * 1000u;
 }
 
 void dk_board_init(void) {
@@ -136,14 +175,24 @@ void dk_board_init(void) {
   __asm__ volatile("dsb\n\tisb" ::: "memory");
   stdio_init_all();
   size_t saved = 0u;
-  const int replay = dk_saved_transcript(&saved);
-  dk_link_init(&dk_port, dk_transcript, sizeof dk_transcript, replay == 1 ? saved : 0u);
-  if (replay == 1) dk_link_serve_forever(); /* the run faulted: serve its report, run nothing */
+  const int64_t replay = dk_saved_transcript(&saved);
+  dk_link_init(&dk_port, dk_transcript, sizeof dk_transcript, replay > 0 ? saved : 0u);
+  if (replay == DK_SAVED_MAGIC) dk_link_serve_forever(); /* faulted: serve its report only */
   if (replay == -1) {
     dk_send_log("fault: the board faulted and rebooted, but the saved report was corrupted");
     dk_send_done(DK_STATUS_FAULT);
     dk_link_serve_forever();
   }
+  if (replay == DK_WATCHED_MAGIC || replay == -2) {
+    /* The watchdog fired in execute(): the run's records (when they survived), then why. */
+    dk_send_error(DK_ERR_WATCHDOG,
+                  replay == -2 ? "the watchdog reset the board in execute(); the records "
+                                 "before it did not survive"
+                               : "the watchdog reset the board in execute()");
+    dk_send_done(DK_STATUS_ET_ERROR);
+    dk_link_serve_forever();
+  }
+  dk_link_tick_start();
 }
 
 /* Before ExecuTorch's kernel registration and every other constructor. */
@@ -151,7 +200,40 @@ __attribute__((constructor(101))) static void dk_board_ctor(void) { dk_board_ini
 
 /* ---- console, timer, exit ---- */
 
+#if DK_WATCHDOG_EXECUTE_MS > 0
+static volatile int dk_watched; /* inside execute(), with the watchdog armed */
+
+/* Keeps scratch 1-2 describing the transcript while execute() is watched (the CRC grows by the
+ * bytes this write stored), so a watchdog reset leaves it recoverable. */
+void dk_console_write(const void *data, size_t len) {
+  size_t before = 0u, after = 0u;
+  const uint8_t *t = dk_link_transcript(&before);
+  dk_link_write(data, len);
+  if (!dk_watched) return;
+  (void)dk_link_transcript(&after);
+  watchdog_hw->scratch[2] = dk_crc32(watchdog_hw->scratch[2], t + before, after - before);
+  watchdog_hw->scratch[1] = (uint32_t)after;
+}
+
+void dk_execute_watch_begin(void) {
+  size_t used = 0u;
+  const uint8_t *t = dk_link_transcript(&used);
+  watchdog_hw->scratch[1] = (uint32_t)used;
+  watchdog_hw->scratch[2] = dk_crc32(0u, t, used);
+  watchdog_hw->scratch[3] = (uint32_t)(uintptr_t)t;
+  watchdog_hw->scratch[0] = DK_WATCHED_MAGIC;
+  dk_watched = 1;
+  watchdog_enable(DK_WATCHDOG_EXECUTE_MS, true);
+}
+
+void dk_execute_watch_end(void) {
+  watchdog_disable();
+  dk_watched = 0;
+  watchdog_hw->scratch[0] = 0u;
+}
+#else
 void dk_console_write(const void *data, size_t len) { dk_link_write(data, len); }
+#endif
 
 /* Host input belongs to the serial link (REQUEST/ACK); the firmware gets none. */
 size_t dk_console_read(void *buf, size_t len) {

@@ -22,6 +22,10 @@ target_include_directories(dk_board INTERFACE
 target_link_libraries(dk_board INTERFACE pico_stdlib hardware_exception hardware_watchdog)
 target_compile_definitions(dk_board INTERFACE
   DK_LINK_TRANSCRIPT_BYTES=${DK_LINK_TRANSCRIPT_BYTES}
+  # The link's service tick (a timer interrupt) and the watchdog around execute() (0: none),
+  # from the board file's serial.service_ms and watchdog.execute_ms.
+  DK_LINK_SERVICE_MS=${DK_LINK_SERVICE_MS}
+  DK_WATCHDOG_EXECUTE_MS=${DK_WATCHDOG_EXECUTE_MS}
   # The stack and heap are sized by the board file, through memory.ld and sections.ld; crt0's
   # spacer sections stay empty (they would only be counted twice).
   PICO_STACK_SIZE=0

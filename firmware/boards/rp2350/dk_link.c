@@ -1,6 +1,7 @@
 /* dk_link.c: the device side of the serial link (dk_link.h, docs/pico2.md). Portable C11. */
 #include "dk_link.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 static const dk_link_port_t *g_port;
@@ -20,6 +21,23 @@ static uint8_t g_pending_nonce[4];
 static uint8_t g_rx[DK_LINK_FRAME_BYTES];
 static size_t g_rx_n;
 static dk_link_stats_t g_stats;
+/* Inside the link: dk_link_service (an interrupt) must not enter. */
+static volatile int g_busy;
+
+/* Marks the link busy and returns what it was before (for nested entries). The fences keep the
+ * compiler from moving the link's state accesses across the flag; a single core needs no more
+ * (the interrupt runs to completion before the code it interrupted continues). */
+static int dk_link_enter(void) {
+  const int was = g_busy;
+  g_busy = 1;
+  atomic_signal_fence(memory_order_seq_cst);
+  return was;
+}
+
+static void dk_link_leave(int was) {
+  atomic_signal_fence(memory_order_seq_cst);
+  g_busy = was;
+}
 
 void dk_link_init(const dk_link_port_t *port, uint8_t *transcript, size_t capacity, size_t used) {
   g_port = port;
@@ -111,8 +129,7 @@ static void dk_link_pump(void) {
     g_complete_us = g_port->now_us();
 }
 
-void dk_link_poll(void) {
-  if (g_port == NULL || g_fault_mode) return;
+static void dk_link_poll_inside(void) {
   dk_link_read_input();
   if (g_pending) {
     dk_link_answer();
@@ -131,16 +148,42 @@ void dk_link_poll(void) {
   }
 }
 
+void dk_link_poll(void) {
+  if (g_port == NULL || g_fault_mode) return;
+  const int was = dk_link_enter();
+  dk_link_poll_inside();
+  dk_link_leave(was);
+}
+
+int dk_link_service(void) {
+  if (g_port == NULL || g_fault_mode) return 0;
+  if (g_busy) {
+    g_stats.deferred++;
+    return 0;
+  }
+  const int was = dk_link_enter();
+  g_stats.serviced++;
+  dk_link_poll_inside();
+  dk_link_leave(was);
+  return 1;
+}
+
 void dk_link_write(const void *data, size_t len) {
   const uint8_t *p = (const uint8_t *)data;
   if (g_buf == NULL) return;
   size_t fit = g_cap - g_len;
   if (fit > len) fit = len;
+  if (g_fault_mode) { /* no I/O from fault context; the rest is lost */
+    memcpy(g_buf + g_len, p, fit);
+    g_len += fit;
+    return;
+  }
+  const int was = dk_link_enter();
   memcpy(g_buf + g_len, p, fit);
   g_len += fit;
-  if (g_fault_mode) return; /* no I/O from fault context; the rest is lost */
   if (fit == len) {
-    dk_link_poll();
+    dk_link_poll_inside();
+    dk_link_leave(was);
     return;
   }
   /* The transcript is full: wait for a host, then send the stored part and this rest live. */
@@ -152,11 +195,14 @@ void dk_link_write(const void *data, size_t len) {
   }
   dk_link_pump();
   g_port->write(p + fit, len - fit);
+  dk_link_leave(was);
 }
 
 void dk_link_finish(void) {
+  const int was = dk_link_enter();
   g_finished = 1;
   g_complete_us = 0u;
+  dk_link_leave(was);
 }
 
 void dk_link_serve_forever(void) {

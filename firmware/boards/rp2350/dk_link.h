@@ -24,8 +24,16 @@
  * the first session, but later requests get only the stored prefix (the host then reports a
  * truncated stream rather than wrong results).
  *
+ * The link is also serviced from a timer interrupt (dk_link_service), so a program that hangs
+ * (in execute(), say) still answers a REQUEST and streams what it wrote before. The interrupt
+ * must not enter the link while the main thread is inside it: every entry point marks the link
+ * busy, and dk_link_service does nothing (and counts a deferral) while it is. A flag, not a
+ * lock: the interrupt never waits, so it cannot deadlock, and the main thread, which it
+ * interrupted, polls again itself as soon as it writes.
+ *
  * The code is portable C11: the port (read, write, clock, idle) is given by the board, so the
- * same file runs on the RP2350 and, in the host tests, on a pty.
+ * same file runs on the RP2350 and, in the host tests, on a pty (with a signal as the timer
+ * interrupt).
  */
 #ifndef DK_LINK_H
 #define DK_LINK_H
@@ -72,6 +80,8 @@ typedef struct dk_link_stats {
   uint32_t acks;      /* ACKs matching the current session */
   uint32_t repeats;   /* transcript repeats after done, all sessions */
   uint32_t overflow;  /* bytes written past the transcript's end (sent live only) */
+  uint32_t serviced;  /* dk_link_service calls that polled */
+  uint32_t deferred;  /* dk_link_service calls that found the main thread inside the link */
 } dk_link_stats_t;
 
 /* Starts the link over `port` with `transcript` (capacity bytes) as the record store; `used`
@@ -83,6 +93,10 @@ void dk_link_write(const void *data, size_t len);
 
 /* Handles host input (REQUEST, ACK) and sends pending transcript bytes. Never blocks long. */
 void dk_link_poll(void);
+
+/* For a timer interrupt: polls the link unless the interrupted code is inside it (then it
+ * returns 0 and the next tick tries again). Never blocks on the main thread. */
+int dk_link_service(void);
 
 /* Marks the transcript complete (`done` sent): from now on the link repeats it until ACKed. */
 void dk_link_finish(void);

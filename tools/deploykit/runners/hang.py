@@ -5,6 +5,10 @@ QEMU runs with `-qmp unix:<socket>,server=on,wait=off`. When a run's time limit 
 runner calls `locate_hang()` before it kills QEMU: `stop` freezes the CPU, and the monitor's
 `info registers` gives R14 (LR) and R15 (PC). A PC in a leaf loop is the loop; LR is where
 that function was called from (in a function that calls others, LR may be stale: it says so).
+
+Profiling firmware (DK_PROFILE_EVENTS) also says where in the program it was: its last
+`trace_event` records name the last operator that ended, and the program embedded in the ELF
+(`dk_model_pte`) gives the operators' names and count (`operator_position`).
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ import contextlib
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from deploykit.protocol.records import TraceEvent
 
 # Where a source file comes from, by a fragment of its path (first match wins).
 COMPONENTS = (
@@ -232,3 +239,61 @@ def locate_hang(socket_path: str, elf: Path) -> tuple[HangLocation | None, str]:
         return locate(elf, pc, lr), ""
     except Exception as exc:  # noqa: BLE001
         return None, f"pc=0x{pc:08x} lr=0x{lr:08x} could not be mapped in {elf}: {exc!r}"
+
+
+MODEL_SYMBOL = "dk_model_pte"  # the embedded program (templates/model_pte.c.j2)
+OPERATOR_EVENTS = ("OPERATOR_CALL", "DELEGATE_CALL")
+EXECUTE_EVENT = "Method::execute"
+
+
+def embedded_program(elf: Path) -> bytes:
+    """The .pte bytes the firmware embeds, read from the ELF by its symbol."""
+    from elftools.elf.elffile import ELFFile
+
+    with open(elf, "rb") as f:
+        image = ELFFile(f)
+        symtab = image.get_section_by_name(".symtab")
+        symbols = symtab.get_symbol_by_name(MODEL_SYMBOL) if symtab else None
+        if not symbols:
+            raise ValueError(f"{elf} has no {MODEL_SYMBOL} symbol")
+        address, size = symbols[0]["st_value"], symbols[0]["st_size"]
+        for section in image.iter_sections():
+            start = section["sh_addr"]
+            if (
+                section["sh_type"] == "SHT_PROGBITS"
+                and start <= address < start + section["sh_size"]
+            ):
+                offset = address - start
+                return section.data()[offset : offset + size]
+    raise ValueError(f"{MODEL_SYMBOL} of {elf} lies in no section with contents")
+
+
+def operator_position(elf: Path, events: Sequence[TraceEvent]) -> str:
+    """Where in the program a run of profiling firmware was, from the events it sent (each
+    sent when it ends): "after operator k of N (name)" and the operator that had not ended."""
+    from deploykit.profiling.trace import program_instructions
+
+    instructions = program_instructions(embedded_program(elf))
+    order = sorted(instructions)  # (chain, instruction index): the order execute() runs them
+    total = len(order)
+    last = next((e for e in reversed(events) if e.name in OPERATOR_EVENTS + (EXECUTE_EVENT,)), None)
+    executes = sum(1 for e in events if e.name == EXECUTE_EVENT)
+    if last is not None and last.name == EXECUTE_EVENT:
+        return f"after execute() call {executes} ended (all {total} operators)"
+    done = order.index((last.chain, last.debug_handle)) + 1 if last is not None else 0
+    where = f"in execute() call {executes + 1}, "
+    if done == 0:
+        where += f"before operator 1 of {total} ended"
+    else:
+        where += f"after operator {done} of {total} ({instructions[order[done - 1]].name})"
+    if done < total:
+        where += f"; operator {done + 1} ({instructions[order[done]].name}) did not end"
+    return where
+
+
+def locate_position(elf: Path, events: Sequence[TraceEvent]) -> tuple[str | None, str]:
+    """`operator_position`, or None and why not (never raises, like `locate_hang`)."""
+    try:
+        return operator_position(elf, events), ""
+    except Exception as exc:  # noqa: BLE001 - the timeout is still reported without it
+        return None, f"the operator position could not be found: {exc!r}"

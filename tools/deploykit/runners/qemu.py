@@ -27,7 +27,7 @@ import serial
 from deploykit.errors import BuildError, ConfigError, EnvironmentProblem, ExitCode, RunError
 from deploykit.protocol import Decoder, RunRecords
 from deploykit.runners.base import DEFAULT_TIMEOUT_S, Runner, RunResult
-from deploykit.runners.hang import HangLocation, locate_hang
+from deploykit.runners.hang import HangLocation, locate_hang, locate_position
 from deploykit.runners.process import free_port, kill_group, run_dir_for
 
 QEMU_BINARY = "qemu-system-arm"
@@ -196,6 +196,12 @@ class QemuRunner(Runner):
             shutil.rmtree(qmp_dir, ignore_errors=True)
         dec.finish()
         records = RunRecords.build(dec.records, dec.stats)
+        where = hang.describe() if hang else None
+        if where and records.trace_clock is not None:  # profiling firmware: which operator
+            position, why_not = locate_position(elf, records.trace_events)
+            where = f"{where}, {position}" if position else where
+            if why_not:
+                notes.append(why_not)
         estimate = None
         t = records.timing
         if self.icount_shift is not None and t is not None and t.tick_hz > 0:
@@ -205,7 +211,7 @@ class QemuRunner(Runner):
             console_log=console_path, runner_log=log_path, runner="QEMU",
             supports_exit_code=self.supports_exit_code, timed_out=timed_out, timeout_s=timeout_s,
             killed=killed, icount_shift=self.icount_shift, instructions_estimate=estimate,
-            command=tuple(cmd), notes=notes, hang=hang.describe() if hang else None)
+            command=tuple(cmd), notes=notes, hang=where)
         return result.check() if check else result
 
     def _connect(self, proc: subprocess.Popen, cmd: list[str], deadline: float):

@@ -30,6 +30,7 @@ from deploykit.errors import ConfigError, ExitCode, RunError
 from deploykit.families import family_of
 from deploykit.flashers import FlashError, FlashImage, HostEnv, flash, select
 from deploykit.protocol import Decoder, RunRecords
+from deploykit.protocol.error_codes import BY_NAME
 from deploykit.runners.base import (
     DEFAULT_TIMEOUT_S,
     Runner,
@@ -37,6 +38,7 @@ from deploykit.runners.base import (
     RunResult,
     runner_section,
 )
+from deploykit.runners.hang import locate_position
 from deploykit.transport import default_list_ports, locate_port, running_boards
 
 MARK = b"\x16DK"
@@ -370,7 +372,7 @@ class PicoRunner(Runner):
                           progress=self.progress) as placed:
                 result = read_board(self.board, run_dir, timeout_s=timeout_s,
                                     port=placed.serial_url, check=False, notes=placed.notes,
-                                    progress=self.progress)
+                                    progress=self.progress, elf=elf)
                 placed.outcome = result.outcome().exit_code.name.lower()
             return result.check() if check else result
         if self.do_flash:
@@ -383,14 +385,15 @@ class PicoRunner(Runner):
             serial_number, port = serial_number or port, None  # a USB serial number
         return read_board(self.board, run_dir, timeout_s=timeout_s, port=port,
                           serial_number=serial_number, env=env, check=check, notes=notes,
-                          progress=self.progress)
+                          progress=self.progress, elf=elf)
 
 
 def read_board(board: Any, run_dir: Path, *, timeout_s: float, port: str | None = None,
                serial_number: str | None = None, env: Any = None, check: bool = False,
                notes: list[str] | None = None,
-               progress: Callable[[str], None] = _quiet) -> RunResult:
-    """Find the board's port and read one run's results (`deploykit monitor`, PicoRunner)."""
+               progress: Callable[[str], None] = _quiet, elf: Path | None = None) -> RunResult:
+    """Find the board's port and read one run's results (`deploykit monitor`, PicoRunner).
+    `elf`: the image that ran; a hang of profiling firmware is then placed in its program."""
     raw = getattr(board, "raw", None) or {}
     cfg = raw.get("serial", {})
     list_ports = (env.ports if env is not None else default_list_ports)
@@ -421,12 +424,26 @@ def read_board(board: Any, run_dir: Path, *, timeout_s: float, port: str | None 
             "Check the USB cable (a data cable, not charge-only) and that the firmware was "
             "flashed; list ports with `python -m serial.tools.list_ports -v`.",
             exit_code=ExitCode.NO_BOOT, log_path=str(log_path))
+    notes = [*(notes or []), *res.notes]
     result = RunResult(
         records=res.records, exit_code=None, wall_seconds=res.wall_seconds,
         console_log=console_path, runner_log=log_path, runner=f"{board.name} on {s.port}",
         supports_exit_code=False, timed_out=res.timed_out, timeout_s=connect_s + timeout_s,
-        notes=[*(notes or []), *res.notes])
+        notes=notes, hang=_hang_position(elf, res, notes))
     return result.check() if check else result
+
+
+def _hang_position(elf: Path | None, res: LinkResult, notes: list[str]) -> str | None:
+    """Where a hung run of profiling firmware was in its program (runners/hang.py), from the
+    operator events it sent before the host's limit or the board's watchdog ended it."""
+    rec = res.records
+    watchdog = any(e.code == BY_NAME["WATCHDOG"].code for e in rec.errors)
+    if elf is None or rec.trace_clock is None or not (res.timed_out or watchdog):
+        return None
+    position, why_not = locate_position(elf, rec.trace_events)
+    if why_not:
+        notes.append(why_not)
+    return f"Hung {position}" if position else None
 
 
 @dataclass
