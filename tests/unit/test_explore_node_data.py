@@ -37,11 +37,10 @@ INPUTS = "first-input.npy"
 ICOUNT_SHIFT = 5  # qemu-an505's -icount shift when the stream was recorded
 
 
-@pytest.fixture(scope="module")
-def out(tmp_path_factory) -> Path:
-    """A model's out directory as `deploykit profile --board qemu-an505 --model mlp_mnist
-    --flow cortex_m_int8` lays it out: the export in <out>/export/."""
-    out = tmp_path_factory.mktemp("mlp_mnist")
+def export_recorded_program(out: Path) -> Path:
+    """mlp_mnist, cortex_m_int8, exported into <out>/export/ as `deploykit profile --board
+    qemu-an505 --model mlp_mnist --flow cortex_m_int8` lays it out: the program the streams
+    of tests/data/ were recorded from. Returns `out`."""
     exported = export(
         load_model("mlp_mnist", REPO),
         "cortex_m_int8",
@@ -59,6 +58,11 @@ def out(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    return export_recorded_program(tmp_path_factory.mktemp("mlp_mnist"))
+
+
 def _pte(out: Path) -> Path:
     return out / "export" / "model.pte"
 
@@ -67,7 +71,7 @@ def _program(out: Path) -> dict[tuple[int, int], str]:
     return {k: v.name for k, v in program_instructions(_pte(out).read_bytes()).items()}
 
 
-def _write_profile(
+def write_profile(
     out: Path, stream: Path = PROFILE_STREAM, instructions: dict | None = None
 ) -> tuple[Path, dict]:
     """<out>/profile/profile.json as the profile stage writes it, from a recorded stream (of
@@ -86,7 +90,7 @@ def _write_profile(
     return path, report
 
 
-def _write_intermediates(out: Path, pte: bytes, drop_instruction: int | None = None) -> Path:
+def write_intermediates(out: Path, pte: bytes, drop_instruction: int | None = None) -> Path:
     records = decode(DEBUG_STREAM.read_bytes())
     if drop_instruction is not None:
         records.trace_tensors = [
@@ -118,7 +122,7 @@ def _method_nodes(out: Path) -> list[explore.AdapterNode]:
 
 
 def test_profile_overlay_has_every_instruction_with_its_time(out):
-    path, report = _write_profile(out)
+    path, report = write_profile(out)
     program = _program(out)
     assert len(program) == inspect_pte(_pte(out)).num_instructions == 5
     time, share = explore.profile_overlays(path, program)
@@ -141,7 +145,7 @@ def test_profile_overlay_has_every_instruction_with_its_time(out):
 
 
 def test_profile_node_data_file_is_keyed_by_the_adapters_node_ids(out, tmp_path):
-    path, _ = _write_profile(out)
+    path, _ = write_profile(out)
     time, _ = explore.profile_overlays(path, _program(out))
     values = explore.overlay_values(time, _method_nodes(out))
     assert sorted(values) == [("forward", f"forward_0_{i}") for i in range(5)]
@@ -158,7 +162,7 @@ def test_intermediates_overlay_is_each_instructions_max_error(out):
     pte = _pte(out).read_bytes()
     # The device's outputs against a program whose second linear layer (instruction 2) has
     # its output scale changed by 20%: it and everything after it differ.
-    path = _write_intermediates(out, perturb_requantize_scale(pte, instruction=2, factor=0.8))
+    path = write_intermediates(out, perturb_requantize_scale(pte, instruction=2, factor=0.8))
     report = json.loads(path.read_text())
     overlay = explore.intermediates_overlay(path, _program(out))
     assert overlay.values[(0, 0)] == 0 and overlay.values[(0, 1)] == 0
@@ -169,7 +173,7 @@ def test_intermediates_overlay_is_each_instructions_max_error(out):
 
 
 def test_an_instruction_without_a_device_output_gets_no_error_value(out):
-    path = _write_intermediates(out, _pte(out).read_bytes(), drop_instruction=3)
+    path = write_intermediates(out, _pte(out).read_bytes(), drop_instruction=3)
     overlay = explore.intermediates_overlay(path, _program(out))
     assert set(overlay.values) == {(0, 0), (0, 1), (0, 2), (0, 4)}
     assert all(v == 0 for v in overlay.values.values())  # CMSIS-NN is bit-exact
@@ -179,7 +183,7 @@ def test_an_instruction_without_a_device_output_gets_no_error_value(out):
 
 def test_a_profile_of_another_program_is_refused(out, tmp_path):
     # tiny_cnn's profile read against mlp_mnist's .pte: the instructions do not match.
-    _, report = _write_profile(out, OTHER_PROFILE_STREAM, TINY_CNN_FP32)
+    _, report = write_profile(out, OTHER_PROFILE_STREAM, TINY_CNN_FP32)
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(report))
     with pytest.raises(
@@ -191,7 +195,7 @@ def test_a_profile_of_another_program_is_refused(out, tmp_path):
 
 
 def test_a_profile_without_instruction_times_says_to_profile_again(out, tmp_path):
-    _, report = _write_profile(out)
+    _, report = write_profile(out)
     del report["instructions"]
     path = tmp_path / "old-profile.json"
     path.write_text(json.dumps(report))
@@ -201,8 +205,8 @@ def test_a_profile_without_instruction_times_says_to_profile_again(out, tmp_path
 
 
 def test_the_out_directorys_files_are_picked_up_and_said(out):
-    profile, _ = _write_profile(out)
-    debug = _write_intermediates(out, _pte(out).read_bytes())
+    profile, _ = write_profile(out)
+    debug = write_intermediates(out, _pte(out).read_bytes())
     said: list[str] = []
     found = explore.find_data_files(_pte(out), None, None, True, said.append)
     assert found == explore.DataFiles(profile, debug)
