@@ -25,6 +25,7 @@ from deploykit.profiling.intermediates import compare_intermediates
 from deploykit.profiling.stage import DebugReport, ProfileReport
 from deploykit.profiling.trace import profile_from_records, program_instructions
 from deploykit.protocol import decode
+from deploykit.runners.qemu import DEFAULT_ICOUNT_SHIFT
 from tests.perturb import perturb_requantize_scale
 from tests.unit.test_profiling import TINY_CNN_FP32
 
@@ -34,7 +35,6 @@ PROFILE_STREAM = DATA / "profile-mlp_mnist-cortex_m_int8-qemu-an505.bin"
 OTHER_PROFILE_STREAM = DATA / "profile-tiny_cnn-portable_fp32-qemu-an547.bin"
 DEBUG_STREAM = DATA / "debug-mlp_mnist-cortex_m_int8-qemu-an505.bin"
 INPUTS = "first-input.npy"
-ICOUNT_SHIFT = 5  # qemu-an505's -icount shift when the stream was recorded
 
 
 def export_recorded_program(out: Path) -> Path:
@@ -80,7 +80,10 @@ def write_profile(
         decode(stream.read_bytes()),
         instructions or program_instructions(_pte(out).read_bytes()),
     )
-    profile.unit, profile.scale = "instructions", 1e9 / ((1 << ICOUNT_SHIFT) * profile.clock_hz)
+    profile.unit, profile.scale = (
+        "instructions",
+        1e9 / ((1 << DEFAULT_ICOUNT_SHIFT) * profile.clock_hz),
+    )
     report = ProfileReport(
         "qemu-an505", "mlp_mnist", "cortex_m_int8", profile, None, out, {}, None
     ).json()
@@ -150,8 +153,11 @@ def test_profile_node_data_file_is_keyed_by_the_adapters_node_ids(out, tmp_path)
     values = explore.overlay_values(time, _method_nodes(out))
     assert sorted(values) == [("forward", f"forward_0_{i}") for i in range(5)]
     written = json.loads(
-        explore.node_data_file(tmp_path / "time.json", time.name, values).read_text()
+        explore.node_data_file(
+            tmp_path / "time.json", time.name, values, explore.HEAT_GRADIENT
+        ).read_text()
     )
+    assert [g["stop"] for g in written["forward"]["gradient"]] == [0.0, 1.0]
     results = written["forward"]["results"]
     assert written["forward"]["name"] == "time (instructions per run)"
     assert "forward_inputs" not in results  # no instruction, no value invented

@@ -46,6 +46,9 @@ DEFAULT_PORT = 8080  # Model Explorer's own default; the next free one up to 809
 PTE_ADAPTER = "pte_adapter_model_explorer"
 TOSA_ADAPTER = "tosa_adapter_model_explorer"
 SEGMENT_COLORS = {"NPU": "#4caf50", "CPU": "#ff9800"}
+# Time and error: pale at the graph's smallest value, deep red at its largest (Model Explorer
+# interpolates between the stops).
+HEAT_GRADIENT = ((0.0, "#fff5f0"), (1.0, "#cb181d"))
 METHOD = "forward"  # the method deploykit exports, and the PTE adapter's id of its graph
 STARTUP_SECONDS = 120.0  # the first start compiles the environment's bytecode
 STOP_SECONDS = 10.0
@@ -288,18 +291,26 @@ def find_data_files(
 
 
 def node_data_file(
-    path: Path, name: str, values: Mapping[tuple[str, str], float | tuple[float, str]]
+    path: Path,
+    name: str,
+    values: Mapping[tuple[str, str], float | tuple[float, str]],
+    gradient: Iterable[tuple[float, str]] = (),
 ) -> Path:
     """Write a Model Explorer node data file (its ModelNodeData JSON: graph id -> results by
-    node id). A value may carry its background colour. The hook for further overlays, such
-    as per-operator time or error, once they are keyed by the adapter's node ids."""
+    node id). A value may carry its background colour; else `gradient` (stops from 0, the
+    graph's smallest value, to 1, its largest, with colours) colours the nodes. The hook for
+    any further overlay keyed by the adapter's node ids."""
+    stops = [{"stop": stop, "bgColor": color} for stop, color in gradient]
     graphs: dict[str, dict[str, object]] = {}
     for (graph, node), value in sorted(values.items()):
         number, color = value if isinstance(value, tuple) else (value, None)
         result: dict[str, object] = {"value": number}
         if color:
             result["bgColor"] = color
-        graphs.setdefault(graph, {"name": name, "results": {}})["results"][node] = result  # type: ignore[index]
+        entry = graphs.setdefault(graph, {"name": name, "results": {}})
+        if stops:
+            entry["gradient"] = stops
+        entry["results"][node] = result  # type: ignore[index]
     path.write_text(json.dumps(graphs, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -405,7 +416,11 @@ def explore(
             for n, overlay in enumerate(overlays_in):
                 values = overlay_values(overlay, nodes)
                 if values:
-                    facts.append(node_data_file(Path(tmp) / f"data-{n}.json", overlay.name, values))
+                    facts.append(
+                        node_data_file(
+                            Path(tmp) / f"data-{n}.json", overlay.name, values, HEAT_GRADIENT
+                        )
+                    )
             overlays[:0] = facts
         return _serve(
             env,
