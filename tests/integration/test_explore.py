@@ -32,7 +32,14 @@ from deploykit.export import export
 from deploykit.inspect_pte import inspect_pte
 from deploykit.models import load_model
 from deploykit.npu import npu_config
+from deploykit.profiling.trace import program_instructions
 from tests import chromium
+from tests.perturb import perturb_requantize_scale
+from tests.unit.test_explore_node_data import (
+    export_recorded_program,
+    write_intermediates,
+    write_profile,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 # The adapters' extension ids (their AdapterMetadata), as the server's API names them.
@@ -393,6 +400,77 @@ def test_headless_chromium_shows_the_partitioned_graph(
         assert label in labels and label in text
     assert re.search(r"Sum\s+2\b", text)  # two nodes on the NPU
     assert "extra overlay" in text and re.search(r"\b42\b", text)
+
+
+@pytest.fixture(scope="module")
+def profiled_out(tmp_path_factory) -> Path:
+    """mlp_mnist's out directory as `deploykit profile` and `run --debug-intermediates` leave
+    it: the export, profile/profile.json from the recorded profiling stream, and
+    debug/intermediates.json from the recorded debug stream compared with a program whose
+    second linear layer has its scale changed (so that errors show)."""
+    out = export_recorded_program(tmp_path_factory.mktemp("mlp_mnist"))
+    write_profile(out)
+    pte = (out / "export" / "model.pte").read_bytes()
+    write_intermediates(out, perturb_requantize_scale(pte, instruction=2, factor=0.8))
+    return out
+
+
+def test_the_adapters_instruction_ids_are_chain_and_index(model_explorer_env, profiled_out):
+    """The overlays' keys: the PTE adapter names each instruction of the method
+    <method>_<chain>_<instruction>, which is what explore matches profiles and errors by."""
+    pte = profiled_out / "export" / "model.pte"
+    nodes = explore.adapter_nodes(model_explorer_env, pte)
+    ids = sorted(n.id for n in nodes if n.instruction)
+    assert {n.graph for n in nodes} == {explore.METHOD}
+    program = program_instructions(pte.read_bytes())
+    assert ids == sorted(explore.instruction_node_id(c, i) for c, i in program)
+
+
+@pytest.mark.skipif(chromium.CHROMIUM is None, reason=chromium.SKIP_REASON)
+def test_headless_chromium_shows_the_time_and_error_overlays(
+    model_explorer_env, profiled_out, tmp_path
+):
+    pte = profiled_out / "export" / "model.pte"
+    served = Served(str(pte))  # the out directory's profile and intermediates, found
+    try:
+        with chromium.Browser() as browser:
+            browser.goto(served.url)
+            text = browser.wait_for(
+                "document.body && document.body.innerText.includes('time (instructions per "
+                "run)') && document.body.innerText.includes('max abs error vs host') && "
+                "document.body.innerText",
+                timeout=120,
+            )
+            assert browser.evaluate(EXPAND_ALL) == "clicked"
+            time.sleep(3)  # the layout animation, for the picture only
+            shot = browser.screenshot(_artifacts(tmp_path) / "explore-mlp_mnist-profile.png")
+    finally:
+        code, err = served.interrupt()
+    assert code == 0, err
+    assert shot.startswith(b"\x89PNG")
+    assert f"overlaying {profiled_out / 'profile' / 'profile.json'}" in err
+    assert f"overlaying {profiled_out / 'debug' / 'intermediates.json'}" in err
+    assert "share of execute() (%)" in text and "segment (1 = NPU" in text
+    # The page's aggregated stats: the largest value of each overlay is the file's (segment:
+    # all on the CPU).
+    time_, share = explore.profile_overlays(
+        profiled_out / "profile" / "profile.json", _program_names(pte)
+    )
+    error = explore.intermediates_overlay(
+        profiled_out / "debug" / "intermediates.json", _program_names(pte)
+    )
+    largest = [max(o.values.values()) for o in (time_, share, error)]
+    assert "Max\t0\t" + "\t".join(_js_number(v) for v in largest) in text
+    assert largest[2] > 1  # the changed scale shows as an error
+
+
+def _program_names(pte: Path) -> dict[tuple[int, int], str]:
+    return {k: v.name for k, v in program_instructions(pte.read_bytes()).items()}
+
+
+def _js_number(value: float) -> str:
+    """A number as JavaScript prints it (the shortest round-trip form, as Python's repr)."""
+    return str(int(value)) if value == int(value) else repr(value)
 
 
 @pytest.mark.skipif(chromium.CHROMIUM is None, reason=chromium.SKIP_REASON)

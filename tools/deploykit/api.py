@@ -91,15 +91,19 @@ def inspect(pte: Path) -> ProgramInfo:
 
 
 def explore(pte: Path, port: int | None = None, open_browser: bool = True, *,
-            tosa: bool = False, node_data: Sequence[Path] = (), wheels: Path | None = None,
-            progress: Callable[[str], None] | None = None,
+            tosa: bool = False, node_data: Sequence[Path] = (), profile: Path | None = None,
+            intermediates: Path | None = None, auto_data: bool = True,
+            wheels: Path | None = None, progress: Callable[[str], None] | None = None,
             on_ready: Callable[[ExploreSession], None] | None = None) -> ExploreSession:
     """Serve `pte` (or, `tosa`, its delegates' TOSA graphs) in Google's Model Explorer, run
     from its own tool environment (created on first use), until Ctrl-C. `on_ready` is told
-    the URL once the server answers."""
+    the URL once the server answers. `profile` (profile.json) and `intermediates`
+    (intermediates.json) overlay per-instruction time and error; with `auto_data` they are
+    taken from the model's out directory when the .pte is <out>/export/*.pte."""
     from .explore import explore as run
 
     return run(pte, port=port, open_browser=open_browser, tosa=tosa, node_data=node_data,
+               profile=profile, intermediates=intermediates, auto_data=auto_data,
                wheels=wheels, progress=progress, on_ready=on_ready)
 
 

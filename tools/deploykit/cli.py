@@ -177,6 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the URL, do not open a browser")
     p.add_argument("--node-data", type=Path, action="append", default=[], metavar="FILE",
                    help="a further Model Explorer node data file to overlay (repeatable)")
+    p.add_argument("--profile", type=Path, metavar="PROFILE_JSON", help="overlay each "
+                   "instruction's time and share of execute() from `deploykit profile`'s "
+                   "profile.json (default: <out>/profile/profile.json when the .pte is "
+                   "<out>/export/*.pte and the file is not older than it)")
+    p.add_argument("--intermediates", type=Path, metavar="JSON", help="overlay each "
+                   "instruction's max abs error from `run --debug-intermediates`' "
+                   "intermediates.json (default: <out>/debug/intermediates.json, as above)")
+    p.add_argument("--no-auto-data", action="store_true", help="do not pick up profile.json "
+                   "and intermediates.json from the model's out directory")
     p.add_argument("--wheels", type=Path, metavar="DIR", help="create the Model Explorer "
                    "environment from this directory of wheels, without the package index "
                    "(also $DEPLOYKIT_EXPLORE_WHEELS)")
@@ -430,7 +439,9 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
             sys.stdout.flush()  # the URL now, while the server runs
 
         api.explore(args.pte, port=args.port, open_browser=not args.no_browser,
-                    tosa=args.tosa, node_data=args.node_data, wheels=args.wheels,
+                    tosa=args.tosa, node_data=args.node_data, profile=args.profile,
+                    intermediates=args.intermediates, auto_data=not args.no_auto_data,
+                    wheels=args.wheels,
                     progress=out.progress, on_ready=ready)
         return 0
     if cmd == "inspect":

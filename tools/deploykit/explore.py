@@ -11,9 +11,13 @@ process, bound to 127.0.0.1, and prints its URL (and opens it in the browser unl
   `delegate_<i>.tosa` beside the `.pte`, through the TOSA adapter: the graph Vela compiled.
 - Node data: deploykit overlays the segment of each instruction (NPU delegate or CPU) as a
   Model Explorer node data file keyed by the adapter's own node ids (read from the adapter's
-  conversion, not guessed). More overlays (per-operator time, per-operator error) are node
-  data files too: `node_data_file` writes one from {(graph id, node id): value}, and
-  `--node-data FILE` passes any such file through.
+  conversion, not guessed). `--profile` (a `deploykit profile` profile.json) overlays each
+  instruction's time and share of execute(), `--intermediates` (a `run
+  --debug-intermediates` intermediates.json) each instruction's max abs error; both are
+  matched by (chain, instruction index), checked against the .pte's own instruction list,
+  and picked up from the model's out directory when the .pte is `<out>/export/*.pte`.
+  `node_data_file` writes a file from {(graph id, node id): value}, and `--node-data FILE`
+  passes any such file through.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ DEFAULT_PORT = 8080  # Model Explorer's own default; the next free one up to 809
 PTE_ADAPTER = "pte_adapter_model_explorer"
 TOSA_ADAPTER = "tosa_adapter_model_explorer"
 SEGMENT_COLORS = {"NPU": "#4caf50", "CPU": "#ff9800"}
+# Time and error: pale at the graph's smallest value, deep red at its largest (Model Explorer
+# interpolates between the stops).
+HEAT_GRADIENT = ((0.0, "#fff5f0"), (1.0, "#cb181d"))
+METHOD = "forward"  # the method deploykit exports, and the PTE adapter's id of its graph
 STARTUP_SECONDS = 120.0  # the first start compiles the environment's bytecode
 STOP_SECONDS = 10.0
 
@@ -67,6 +75,14 @@ class ExploreSession:
     port: int
     models: tuple[Path, ...]
     node_data: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
+class Overlay:
+    """Per-instruction values of one fact, keyed by (chain, instruction index) of the method."""
+
+    name: str
+    values: dict[tuple[int, int], float]
 
 
 def tosa_files(pte: Path) -> list[Path]:
@@ -136,19 +152,165 @@ def segment_values(nodes: Iterable[AdapterNode]) -> dict[tuple[str, str], tuple[
     return out
 
 
+def instruction_node_id(chain: int, instruction: int, method: str = METHOD) -> str:
+    """The PTE adapter's node id of a method's instruction: `<method>_<chain>_<instruction>`."""
+    return f"{method}_{chain}_{instruction}"
+
+
+def _read_report(path: Path, what: str, fix: str) -> dict:
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"Cannot read {what} {path}: {exc}", fix) from None
+    if not isinstance(report, dict):
+        raise ConfigError(f"{path} is not {what} (not a JSON object).", fix)
+    return report
+
+
+def _check_program(
+    path: Path, found: Mapping[tuple[int, int], str], program: Mapping[tuple[int, int], str]
+) -> None:
+    """Every instruction of the file runs the same operator in the .pte, or the file is of
+    another program and its values would land on the wrong nodes."""
+    for (chain, index), operator in sorted(found.items()):
+        there = program.get((chain, index))
+        if there != operator:
+            raise ConfigError(
+                f"{path} is not of this program: its instruction {chain}:{index} is "
+                f"{operator}, the .pte's is {there or 'missing'}.",
+                "Re-run it on this export, or give the file that belongs to this .pte.",
+            )
+
+
+def profile_overlays(path: Path, program: Mapping[tuple[int, int], str]) -> tuple[Overlay, Overlay]:
+    """Each instruction's time per run (instructions under QEMU, cycles on hardware) and its
+    share of execute(), from a `deploykit profile` profile.json. `program` maps (chain,
+    instruction index) to what the .pte runs there (profiling.trace.program_instructions)."""
+    fix = "Give the profile.json `deploykit profile` wrote (<out>/profile/profile.json)."
+    report = _read_report(path, "a deploykit profile", fix)
+    rows = report.get("instructions")
+    clock = report.get("clock") or {}
+    unit = clock.get("unit") if isinstance(clock, dict) else None
+    if not isinstance(rows, list) or not unit:
+        raise ConfigError(
+            f"{path} has no per-instruction times (written before they were recorded).",
+            "Run `deploykit profile` again for this model.",
+        )
+    iterations = max(1, int(report.get("iterations") or 1))
+    try:
+        found = {(int(r["chain"]), int(r["instruction"])): str(r["operator"]) for r in rows}
+        times = {
+            (int(r["chain"]), int(r["instruction"])): float(r[unit]) / iterations for r in rows
+        }
+        shares = {(int(r["chain"]), int(r["instruction"])): 100 * float(r["share"]) for r in rows}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: an instruction entry lacks {exc}.", fix) from None
+    _check_program(path, found, program)
+    return (
+        Overlay(f"time ({unit} per run)", times),
+        Overlay("share of execute() (%)", shares),
+    )
+
+
+def intermediates_overlay(path: Path, program: Mapping[tuple[int, int], str]) -> Overlay:
+    """Each instruction's max abs error against the host (the largest over its outputs), from
+    a `run --debug-intermediates` intermediates.json. An instruction without a comparable
+    output gets no value."""
+    fix = (
+        "Give the intermediates.json `deploykit run --debug-intermediates` wrote "
+        "(<out>/debug/intermediates.json)."
+    )
+    report = _read_report(path, "a --debug-intermediates report", fix)
+    rows = report.get("operators")
+    if not isinstance(rows, list):
+        raise ConfigError(f"{path} has no operator list.", fix)
+    found: dict[tuple[int, int], str] = {}
+    errors: dict[tuple[int, int], float] = {}
+    try:
+        for r in rows:
+            key = (int(r["chain"]), int(r["instruction"]))
+            found[key] = str(r["operator"])
+            if r["max_abs"] is not None:
+                errors[key] = max(errors.get(key, 0.0), float(r["max_abs"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: an operator entry lacks {exc}.", fix) from None
+    _check_program(path, found, program)
+    return Overlay("max abs error vs host (integer outputs: steps)", errors)
+
+
+def overlay_values(overlay: Overlay, nodes: Iterable[AdapterNode]) -> dict[tuple[str, str], float]:
+    """(graph, node id) -> value for the method's nodes the adapter has; an instruction
+    without a value gets none."""
+    ids = {(n.graph, n.id) for n in nodes if n.instruction and n.graph == METHOD}
+    out = {}
+    for (chain, index), value in overlay.values.items():
+        key = (METHOD, instruction_node_id(chain, index))
+        if key in ids:
+            out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class DataFiles:
+    """The profile and intermediates files to overlay (None: none)."""
+
+    profile: Path | None
+    intermediates: Path | None
+
+
+def find_data_files(
+    pte: Path, profile: Path | None, intermediates: Path | None, auto: bool, say: Progress
+) -> DataFiles:
+    """The files given, else (with `auto`) those of the model's out directory when the .pte
+    lies in `<out>/export/`: `<out>/profile/profile.json` and `<out>/debug/intermediates.json`,
+    if they exist and are not older than the .pte. Says which it takes, and which it skips."""
+    for given in (profile, intermediates):
+        if given is not None and not given.is_file():
+            raise ConfigError(
+                f"No such file: {given}.",
+                "Give the profile.json of `deploykit profile` or the intermediates.json of "
+                "`deploykit run --debug-intermediates`.",
+            )
+    if not auto or pte.parent.name != "export":
+        return DataFiles(profile, intermediates)
+    out = pte.parent.parent
+
+    def pick(given: Path | None, found: Path) -> Path | None:
+        if given is not None or not found.is_file():
+            return given
+        if found.stat().st_mtime < pte.stat().st_mtime:
+            say(f"not overlaying {found}: it is older than {pte.name} (give it explicitly)")
+            return None
+        say(f"overlaying {found}")
+        return found
+
+    return DataFiles(
+        pick(profile, out / "profile" / "profile.json"),
+        pick(intermediates, out / "debug" / "intermediates.json"),
+    )
+
+
 def node_data_file(
-    path: Path, name: str, values: Mapping[tuple[str, str], float | tuple[float, str]]
+    path: Path,
+    name: str,
+    values: Mapping[tuple[str, str], float | tuple[float, str]],
+    gradient: Iterable[tuple[float, str]] = (),
 ) -> Path:
     """Write a Model Explorer node data file (its ModelNodeData JSON: graph id -> results by
-    node id). A value may carry its background colour. The hook for further overlays, such
-    as per-operator time or error, once they are keyed by the adapter's node ids."""
+    node id). A value may carry its background colour; else `gradient` (stops from 0, the
+    graph's smallest value, to 1, its largest, with colours) colours the nodes. The hook for
+    any further overlay keyed by the adapter's node ids."""
+    stops = [{"stop": stop, "bgColor": color} for stop, color in gradient]
     graphs: dict[str, dict[str, object]] = {}
     for (graph, node), value in sorted(values.items()):
         number, color = value if isinstance(value, tuple) else (value, None)
         result: dict[str, object] = {"value": number}
         if color:
             result["bgColor"] = color
-        graphs.setdefault(graph, {"name": name, "results": {}})["results"][node] = result  # type: ignore[index]
+        entry = graphs.setdefault(graph, {"name": name, "results": {}})
+        if stops:
+            entry["gradient"] = stops
+        entry["results"][node] = result  # type: ignore[index]
     path.write_text(json.dumps(graphs, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -189,13 +351,17 @@ def explore(
     open_browser: bool = True,
     tosa: bool = False,
     node_data: Iterable[Path] = (),
+    profile: Path | None = None,
+    intermediates: Path | None = None,
+    auto_data: bool = True,
     wheels: Path | None = None,
     progress: Progress | None = None,
     on_ready: Callable[[ExploreSession], None] | None = None,
 ) -> ExploreSession:
     """Serve Model Explorer on `pte` (or, with `tosa`, its delegates' TOSA graphs) until the
-    server ends or Ctrl-C stops it. `on_ready` is told the session once the server answers
-    (default: print the URL)."""
+    server ends or Ctrl-C stops it. `profile`/`intermediates` overlay per-instruction time and
+    error (with `auto_data`, found in the model's out directory when not given). `on_ready` is
+    told the session once the server answers (default: print the URL)."""
     say = progress or (lambda _msg: None)
     pte = Path(pte)
     if not pte.is_file():
@@ -206,6 +372,25 @@ def explore(
             raise ConfigError(
                 f"No node data file at {p}.", "Give a Model Explorer node data JSON file."
             )
+    if tosa and (profile or intermediates):
+        raise ConfigError(
+            "--profile and --intermediates overlay the .pte's instructions, not the TOSA view.",
+            "Leave out --tosa to see them.",
+        )
+    data = (
+        DataFiles(None, None)
+        if tosa
+        else find_data_files(pte, profile, intermediates, auto_data, say)
+    )
+    overlays_in: list[Overlay] = []
+    if data.profile or data.intermediates:
+        from .profiling.trace import program_instructions
+
+        program = {k: v.name for k, v in program_instructions(pte.read_bytes()).items()}
+        if data.profile:
+            overlays_in += profile_overlays(data.profile, program)
+        if data.intermediates:
+            overlays_in.append(intermediates_overlay(data.intermediates, program))
     models = tosa_files(pte) if tosa else [pte]
     for p in [*models, *extra]:
         if "," in str(p.resolve()):  # Model Explorer splits its file lists at commas
@@ -219,14 +404,24 @@ def explore(
         overlays = list(extra)
         if not tosa:
             say("reading the graph's node ids (PTE adapter)")
-            segments = segment_values(adapter_nodes(env, pte))
+            nodes = adapter_nodes(env, pte)
+            segments = segment_values(nodes)
+            facts = []
             if segments:
-                overlays.insert(
-                    0,
+                facts.append(
                     node_data_file(
                         Path(tmp) / "segment.json", "segment (1 = NPU, 0 = CPU)", segments
-                    ),
+                    )
                 )
+            for n, overlay in enumerate(overlays_in):
+                values = overlay_values(overlay, nodes)
+                if values:
+                    facts.append(
+                        node_data_file(
+                            Path(tmp) / f"data-{n}.json", overlay.name, values, HEAT_GRADIENT
+                        )
+                    )
+            overlays[:0] = facts
         return _serve(
             env,
             port,

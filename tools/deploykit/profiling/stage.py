@@ -164,6 +164,19 @@ class ProfileReport:
                 }
                 for r in p.rows
             ],
+            # Per instruction (chain, index of the .pte's method), for `explore --profile`.
+            "instructions": [
+                {
+                    "chain": i.chain,
+                    "instruction": i.instruction,
+                    "operator": i.operator,
+                    "calls": i.calls,
+                    "ticks": i.ticks,
+                    p.unit: p.value(i.ticks),
+                    "share": i.ticks / (p.total_ticks or 1),
+                }
+                for i in p.instructions
+            ],
             "npu_estimates": {str(i): text for i, text in self.npu_estimates.items()},
             "ram_bytes": (
                 {

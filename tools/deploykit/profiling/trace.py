@@ -59,6 +59,17 @@ class OperatorRow:
 
 
 @dataclass
+class InstructionTime:
+    """The time of one instruction of the program (chain, index), over every run."""
+
+    chain: int
+    instruction: int
+    operator: str
+    calls: int
+    ticks: float
+
+
+@dataclass
 class Profile:
     """One profiling run: per-operator rows (largest first), the execute() total, the clock."""
 
@@ -73,6 +84,8 @@ class Profile:
     tracer_bytes: int = 0
     unit: str = "ticks"  # what `scale` converts ticks into: instructions (QEMU icount), cycles
     scale: float = 1.0  # units per tick
+    # Per instruction, in execution order: what `explore` overlays on each node of the graph.
+    instructions: list[InstructionTime] = field(default_factory=list)
 
     @property
     def operator_ticks(self) -> float:
@@ -148,6 +161,7 @@ def profile_from_records(
     ]
     total = sum(t.ticks for t in timed if t.event.name == EXECUTE)
     rows: dict[str, OperatorRow] = {}
+    per_instruction: dict[tuple[int, int], InstructionTime] = {}
     for t in timed:
         e = t.event
         if e.name not in (OPERATOR_CALL, DELEGATE_CALL):
@@ -161,6 +175,11 @@ def profile_from_records(
         row.calls += 1
         row.ticks += t.ticks
         row.instructions.append(e.debug_handle)
+        at = per_instruction.setdefault(
+            (e.chain, e.debug_handle), InstructionTime(e.chain, e.debug_handle, name, 0, 0.0)
+        )
+        at.calls += 1
+        at.ticks += t.ticks
     runner_ticks = None
     summary = records.trace_summary
     timing = records.timing
@@ -178,6 +197,7 @@ def profile_from_records(
         events=timed,
         runner_ticks=runner_ticks,
         tracer_bytes=clock.tracer_bytes,
+        instructions=[per_instruction[k] for k in sorted(per_instruction)],
     )
 
 
