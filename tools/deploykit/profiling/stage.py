@@ -160,7 +160,9 @@ class ProfileReport:
                     p.unit: p.value(r.ticks),
                     "us": p.micros(r.ticks),
                     "share": r.ticks / (p.total_ticks or 1),
-                    "instructions": r.instructions,
+                    # the program's instructions this row covers ("instructions" is the time
+                    # unit under QEMU: a key of its own, not to be overwritten)
+                    "program_instructions": r.instructions,
                 }
                 for r in p.rows
             ],
