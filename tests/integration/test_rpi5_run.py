@@ -210,7 +210,17 @@ def test_opt_bench_on_the_loopback_pi(tmp_path, loopback_pi):
             sys.executable,
             str(repo_root() / "bench" / "opt_bench.py"),
             *("--model", "opt_small", "--host", loopback_pi, "--board", "rpi5"),
-            *("--threads", "2", "--warmup", "1", "--repeats", "2", "--portable-repeats", "1"),
+            *(
+                "--threads",
+                "2",
+                "--warmup",
+                "1",
+                "--repeats",
+                "2",
+                "--portable-repeats",
+                "1",
+                "--int8",
+            ),
             *("--out", str(tmp_path / "pi"), "--json", str(out)),
         ],
         capture_output=True,
@@ -227,7 +237,11 @@ def test_opt_bench_on_the_loopback_pi(tmp_path, loopback_pi):
     pi = json.loads(out.read_text())["pi"]
     assert pi["threads"] == 2 and pi["emulated_by"] and pi["eager_not_measured"]
     rows = {r["runtime"]: r for r in pi["rows"]}
-    assert set(rows) == {"ExecuTorch portable", "ExecuTorch + XNNPACK"}
+    assert set(rows) == {
+        "ExecuTorch portable",
+        "ExecuTorch + XNNPACK",
+        "ExecuTorch + XNNPACK int8",
+    }
     for label, row in rows.items():
         assert "error" not in row, row
         assert 0 < row["min_ms"] <= row["median_ms"] <= row["max_ms"]
@@ -235,3 +249,4 @@ def test_opt_bench_on_the_loopback_pi(tmp_path, loopback_pi):
         assert f"{label:<28}" in pi_text and "EMULATED" in pi_text.split(label, 1)[1].split("\n")[0]
     assert rows["ExecuTorch portable"]["ratio_to_portable"] == 1.0
     assert rows["ExecuTorch portable"]["runs"] == 1 and rows["ExecuTorch + XNNPACK"]["runs"] == 2
+    assert {r["flow"] for r in pi["rows"]} == {"portable_fp32", "xnnpack_fp32", "xnnpack_int8"}
