@@ -106,6 +106,8 @@ def remote_eager(runner: Any, config: dict, seq_len: int, args: argparse.Namespa
         timeout=120,
         check=False,
     )
+    if probe.returncode == 255:
+        return {"not_measured": f"ssh could not connect to {runner.host}"}
     if probe.returncode != 0:
         return {"not_measured": f"python3 with torch and transformers not on {runner.host}"}
     script = (ROOT / "models" / "opt_125m.py").read_text() + _REMOTE_EAGER.format(
@@ -327,7 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.host:
         with tempfile.TemporaryDirectory(prefix="opt_bench-") as tmp:
             args.out = args.out or Path(tmp)
-            pi = pi_rows(args, flows, dict(mod.CONFIG), seq_len)
+            try:
+                pi = pi_rows(args, flows, dict(mod.CONFIG), seq_len)
+            except DeployKitError as exc:  # e.g. no ssh, or a board file problem
+                print(f"opt_bench: error: {exc.cause} {exc.hint or ''}".rstrip(), file=sys.stderr)
+                return 2
         emulated = pi["emulated_by"]
         clock = "EMULATED" if emulated else "board"
         for r in pi["rows"]:
@@ -365,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             + "\n"
         )
+    if pi is not None and all("error" in r for r in pi["rows"]):
+        print(f"opt_bench: error: no runtime ran on {args.host}", file=sys.stderr)
+        return 1
     return 0
 
 
