@@ -14,6 +14,8 @@ The loopback "Pi" is this x86 machine: its sshd runs the aarch64 runner through 
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -250,3 +252,20 @@ def test_opt_bench_on_the_loopback_pi(tmp_path, loopback_pi):
     assert rows["ExecuTorch portable"]["ratio_to_portable"] == 1.0
     assert rows["ExecuTorch portable"]["runs"] == 1 and rows["ExecuTorch + XNNPACK"]["runs"] == 2
     assert {r["flow"] for r in pi["rows"]} == {"portable_fp32", "xnnpack_fp32", "xnnpack_int8"}
+
+
+def test_opt_bench_times_eager_on_a_remote_with_torch(loopback_pi, monkeypatch):
+    """The Pi's eager row: the model's source sent to the remote python3 over ssh. The loopback
+    remote is this machine, whose python3 has torch and transformers; without
+    DEPLOYKIT_REMOTE_EXEC nothing marks it emulated, so eager is measured there."""
+    pytest.importorskip("transformers", reason="pip install 'deploykit[bench]'")
+    monkeypatch.delenv("DEPLOYKIT_REMOTE_EXEC")
+    spec = importlib.util.spec_from_file_location("opt_bench", repo_root() / "bench/opt_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    small = importlib.import_module("opt_small")
+    runner = runner_for_board(load_board("rpi5"), host=loopback_pi, threads=1)
+    args = bench.argparse.Namespace(warmup=1, repeats=3)
+    eager = bench.remote_eager(runner, dict(small.CONFIG), small.SEQ_LEN, args)
+    assert "not_measured" not in eager, eager
+    assert eager["runs"] == 3 and 0 < eager["min_ms"] <= eager["median_ms"] <= eager["max_ms"]
