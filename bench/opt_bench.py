@@ -90,11 +90,32 @@ print("DK_EAGER " + _json.dumps(_times))
 """
 
 
-def remote_eager(runner: Any, config: dict, seq_len: int, args: argparse.Namespace) -> dict:
-    """Eager PyTorch timed on the Pi, or {"not_measured": why}."""
+def remote_emulation(runner: Any) -> str | None:
+    """What emulates the aarch64 runner on the remote, if anything: the runner's own wrapper
+    (DEPLOYKIT_REMOTE_EXEC), or a remote that is no aarch64 machine (binfmt emulation)."""
     if runner.emulated_by:
+        return runner.emulated_by
+    res = subprocess.run(
+        ["ssh", *runner.ssh_options(), runner.host, "uname -m"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    machine = res.stdout.strip()
+    if res.returncode == 0 and machine != "aarch64":
+        return f"{runner.host} is {machine}: its binfmt emulation of aarch64"
+    return None
+
+
+def remote_eager(
+    runner: Any, emulated: str | None, config: dict, seq_len: int, args: argparse.Namespace
+) -> dict:
+    """Eager PyTorch timed on the Pi, or {"not_measured": why}."""
+    if emulated:
         return {
-            "not_measured": f"the runner is emulated there ({runner.emulated_by}); "
+            "not_measured": f"the runner is emulated there ({emulated}); "
             "eager python3 would run natively, so no comparable figure"
         }
     ssh = ["ssh", *runner.ssh_options(), runner.host]
@@ -137,6 +158,7 @@ def pi_rows(
 
     runner = runner_for_board(load_board(args.board), host=args.host, threads=args.pi_threads)
     runner.check_environment()
+    emulated = remote_emulation(runner)
     out = args.out / f"{args.board}-{args.model}"
     rows: list[dict] = []
     for label, flow, repeats in flows:
@@ -158,14 +180,14 @@ def pi_rows(
             {"runtime": label, "flow": flow, "runner_bytes": elf.stat().st_size, **spread(times)}
         )
         print(f"  Pi {label} done: median {rows[-1]['median_ms']:.1f} ms", flush=True)
-    eager = remote_eager(runner, config, seq_len, args)
+    eager = remote_eager(runner, emulated, config, seq_len, args)
     if "not_measured" not in eager:
         rows.insert(0, {"runtime": "PyTorch eager", **eager})
     return {
         "board": args.board,
         "host": args.host,
         "threads": runner.threads,
-        "emulated_by": runner.emulated_by,
+        "emulated_by": emulated,
         "eager_not_measured": eager.get("not_measured"),
         "rows": rows,
     }

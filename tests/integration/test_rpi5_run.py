@@ -257,7 +257,8 @@ def test_opt_bench_on_the_loopback_pi(tmp_path, loopback_pi):
 def test_opt_bench_times_eager_on_a_remote_with_torch(loopback_pi, monkeypatch):
     """The Pi's eager row: the model's source sent to the remote python3 over ssh. The loopback
     remote is this machine, whose python3 has torch and transformers; without
-    DEPLOYKIT_REMOTE_EXEC nothing marks it emulated, so eager is measured there."""
+    DEPLOYKIT_REMOTE_EXEC only its machine (x86_64) says the runner would be emulated there;
+    remote_eager is asked as for a real Pi."""
     pytest.importorskip("transformers", reason="pip install 'deploykit[bench]'")
     monkeypatch.delenv("DEPLOYKIT_REMOTE_EXEC")
     spec = importlib.util.spec_from_file_location("opt_bench", repo_root() / "bench/opt_bench.py")
@@ -266,6 +267,9 @@ def test_opt_bench_times_eager_on_a_remote_with_torch(loopback_pi, monkeypatch):
     small = importlib.import_module("opt_small")
     runner = runner_for_board(load_board("rpi5"), host=loopback_pi, threads=1)
     args = bench.argparse.Namespace(warmup=1, repeats=3)
-    eager = bench.remote_eager(runner, dict(small.CONFIG), small.SEQ_LEN, args)
+    assert (
+        bench.remote_emulation(runner) == "loopback-pi is x86_64: its binfmt emulation of aarch64"
+    )
+    eager = bench.remote_eager(runner, None, dict(small.CONFIG), small.SEQ_LEN, args)
     assert "not_measured" not in eager, eager
     assert eager["runs"] == 3 and 0 < eager["min_ms"] <= eager["median_ms"] <= eager["max_ms"]
