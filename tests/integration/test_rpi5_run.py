@@ -14,16 +14,20 @@ The loopback "Pi" is this x86 machine: its sshd runs the aarch64 runner through 
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from deploykit import api
-from deploykit.boards import load_board
+from deploykit.boards import load_board, repo_root
 from deploykit.errors import DeployKitError
 from deploykit.families import get_family
 from deploykit.runners import runner_for_board
@@ -196,3 +200,76 @@ def test_ssh_to_an_unreachable_host_is_a_clear_error(tmp_path, monkeypatch):
             timeout=60,
             runner_options={"host": "nowhere"},
         )
+
+
+def test_opt_bench_on_the_loopback_pi(tmp_path, loopback_pi):
+    """bench/opt_bench.py --host: each flow's cross-built runner timed on the "Pi" over SSH, its
+    table printed beside the host's and labelled emulated (the loopback runs qemu-aarch64)."""
+    pytest.importorskip("transformers", reason="pip install 'deploykit[bench]'")
+    out = tmp_path / "bench.json"
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(repo_root() / "bench" / "opt_bench.py"),
+            *("--model", "opt_small", "--host", loopback_pi, "--board", "rpi5"),
+            *(
+                "--threads",
+                "2",
+                "--warmup",
+                "1",
+                "--repeats",
+                "2",
+                "--portable-repeats",
+                "1",
+                "--int8",
+            ),
+            *("--out", str(tmp_path / "pi"), "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    print(res.stdout)
+    pi_text = res.stdout.split("\nRaspberry Pi (rpi5 over ssh loopback-pi", 1)[1]
+    assert "2 thread(s)" in pi_text.splitlines()[0]
+    assert "PyTorch eager not measured on the Pi" in pi_text and "/ portable" in pi_text
+    assert "EMULATED: the runner ran under qemu-aarch64 -cpu cortex-a76 on loopback-pi" in pi_text
+    pi = json.loads(out.read_text())["pi"]
+    assert pi["threads"] == 2 and pi["emulated_by"] and pi["eager_not_measured"]
+    rows = {r["runtime"]: r for r in pi["rows"]}
+    assert set(rows) == {
+        "ExecuTorch portable",
+        "ExecuTorch + XNNPACK",
+        "ExecuTorch + XNNPACK int8",
+    }
+    for label, row in rows.items():
+        assert "error" not in row, row
+        assert 0 < row["min_ms"] <= row["median_ms"] <= row["max_ms"]
+        assert row["clock"] == "emulated" and row["runner_bytes"] > 0
+        assert f"{label:<28}" in pi_text and "EMULATED" in pi_text.split(label, 1)[1].split("\n")[0]
+    assert rows["ExecuTorch portable"]["ratio_to_portable"] == 1.0
+    assert rows["ExecuTorch portable"]["runs"] == 1 and rows["ExecuTorch + XNNPACK"]["runs"] == 2
+    assert {r["flow"] for r in pi["rows"]} == {"portable_fp32", "xnnpack_fp32", "xnnpack_int8"}
+
+
+def test_opt_bench_times_eager_on_a_remote_with_torch(loopback_pi, monkeypatch):
+    """The Pi's eager row: the model's source sent to the remote python3 over ssh. The loopback
+    remote is this machine, whose python3 has torch and transformers; without
+    DEPLOYKIT_REMOTE_EXEC only its machine (x86_64) says the runner would be emulated there;
+    remote_eager is asked as for a real Pi."""
+    pytest.importorskip("transformers", reason="pip install 'deploykit[bench]'")
+    monkeypatch.delenv("DEPLOYKIT_REMOTE_EXEC")
+    spec = importlib.util.spec_from_file_location("opt_bench", repo_root() / "bench/opt_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    small = importlib.import_module("opt_small")
+    runner = runner_for_board(load_board("rpi5"), host=loopback_pi, threads=1)
+    args = bench.argparse.Namespace(warmup=1, repeats=3)
+    assert (
+        bench.remote_emulation(runner) == "loopback-pi is x86_64: its binfmt emulation of aarch64"
+    )
+    eager = bench.remote_eager(runner, None, dict(small.CONFIG), small.SEQ_LEN, args)
+    assert "not_measured" not in eager, eager
+    assert eager["runs"] == 3 and 0 < eager["min_ms"] <= eager["median_ms"] <= eager["max_ms"]

@@ -10,9 +10,10 @@ import pytest
 import yaml
 
 from deploykit.boards import board_from_dict, load_board
-from deploykit.errors import ConfigError
+from deploykit.errors import ConfigError, ExitCode
 from deploykit.families import family_of
 from deploykit.families.linux_runtime import runtime_key
+from deploykit.run_report import RunReport, report_json
 from deploykit.runners import runner_class, runner_for_board
 from deploykit.runners.linux import LinuxRunner
 
@@ -55,6 +56,44 @@ def test_runner_over_ssh(tmp_path, monkeypatch):
     other = tmp_path / "other.elf"
     other.write_bytes(b"\x7fELF two")
     assert runner.remote_path(elf) != runner.remote_path(other)  # named by content
+
+
+def test_emulated_time_is_named(monkeypatch):
+    """Under qemu-user, here or behind DEPLOYKIT_REMOTE_EXEC on the remote, the runner's execute
+    ticks are emulated time: the runner says what emulated them; on a real board it does not."""
+    monkeypatch.delenv("DEPLOYKIT_REMOTE_EXEC", raising=False)
+    local = runner_for_board(load_board("rpi5"))
+    assert local.emulated_by == "qemu-aarch64 -cpu cortex-a76, qemu-user on this machine"
+    assert runner_for_board(load_board("rpi5"), host="pi5").emulated_by is None
+    monkeypatch.setenv("DEPLOYKIT_REMOTE_EXEC", "/usr/bin/qemu-aarch64 -cpu cortex-a76")
+    emulated = runner_for_board(load_board("rpi5"), host="pi5").emulated_by
+    assert emulated == "/usr/bin/qemu-aarch64 -cpu cortex-a76 on pi5"
+    monkeypatch.setenv("DEPLOYKIT_REMOTE_EXEC", "nice -n 5")
+    assert runner_for_board(load_board("rpi5"), host="pi5").emulated_by is None
+
+
+def test_run_report_says_emulated_time():
+    report = RunReport(
+        board="rpi5",
+        model="tiny_cnn",
+        flow="xnnpack_fp32",
+        passed=True,
+        exit_code=ExitCode.OK,
+        verdict=None,
+        reference_kind="executorch",
+        ticks=1_000_000,
+        tick_hz=1_000_000_000,
+        timing_emulated_by="qemu-aarch64 -cpu cortex-a76, qemu-user on this machine",
+    )
+    lines = report.summary().splitlines()
+    at = next(i for i, line in enumerate(lines) if "execute: 1,000,000 ticks" in line)
+    assert lines[at + 1] == (
+        "  execute time is emulated (qemu-aarch64 -cpu cortex-a76, qemu-user on this machine): "
+        "no measurement of the board"
+    )
+    assert report_json(report)["timing_emulated_by"].startswith("qemu-aarch64")
+    report.timing_emulated_by = None
+    assert "emulated" not in report.summary()
 
 
 def test_runner_options_are_checked():

@@ -553,6 +553,7 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
         board=board.name, model=exported.model_name, flow=flow, passed=exit_code == ExitCode.OK,
         exit_code=exit_code, verdict=verdict, reference_kind=exported.reference_kind,
         ticks=timing.ticks if timing else None, tick_hz=timing.tick_hz if timing else None,
+        timing_emulated_by=result.emulated_by,
         instructions_estimate=result.instructions_per_iteration_estimate,
         input_sets=sets, npu_calls=npu_calls_of(records, built.planned.program),
         memory=memory, warnings=warnings,

@@ -75,6 +75,8 @@ class RunReport:
     reference_kind: str
     ticks: int | None = None
     tick_hz: int | None = None
+    # What emulated the CPU when the ticks are emulated time (runners' RunResult.emulated_by).
+    timing_emulated_by: str | None = None
     instructions_estimate: float | None = None
     memory: dict[str, tuple[int, int]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # e.g. a pool 25% above its peak
@@ -122,6 +124,9 @@ class RunReport:
                          + (f" = ~{self.instructions_estimate:,.0f} instructions per inference "
                             "(QEMU icount)"
                             if self.instructions_estimate else ""))
+            if self.timing_emulated_by:
+                lines.append(f"  execute time is emulated ({self.timing_emulated_by}): "
+                             "no measurement of the board")
         for c in self.npu_calls:
             lines.append(f"  {c.describe()}")
         for name, (used, cap) in sorted(self.memory.items()):

@@ -56,6 +56,9 @@ class RunResult:
     command: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
     hang: str | None = None  # where the CPU was when the time limit expired (runners/hang.py)
+    # What emulated the CPU when the timing record's clock is an emulator's, not the board's
+    # (a Linux runner under qemu-user): its ticks are no measurement of the board.
+    emulated_by: str | None = None
 
     @property
     def stats(self) -> DecodeStats:

@@ -110,6 +110,17 @@ class LinuxRunner(Runner):
     def where(self) -> str:
         return f"ssh {self.host}" if self.host else f"{self.qemu} -cpu {self.qemu_cpu}"
 
+    @property
+    def emulated_by(self) -> str | None:
+        """The emulator the runner's CPU is when it is one: qemu-user here, or a qemu command
+        the remote side runs it through (DEPLOYKIT_REMOTE_EXEC). None on a real board."""
+        if not self.host:
+            return f"{self.qemu} -cpu {self.qemu_cpu}, qemu-user on this machine"
+        wrapper = os.environ.get("DEPLOYKIT_REMOTE_EXEC", "").strip()
+        if wrapper and "qemu" in Path(wrapper.split()[0]).name:
+            return f"{wrapper} on {self.host}"
+        return None
+
     def check_environment(self) -> str:
         tools = ("ssh", "scp") if self.host else (self.qemu,)
         missing = [t for t in tools if shutil.which(t) is None]
@@ -123,7 +134,7 @@ class LinuxRunner(Runner):
 
     # ---- commands ---------------------------------------------------------------------------
 
-    def _ssh_options(self) -> list[str]:
+    def ssh_options(self) -> list[str]:
         config = os.environ.get("DEPLOYKIT_SSH_CONFIG")
         return [*(["-F", config] if config else []), *_SSH_BASE]
 
@@ -139,7 +150,7 @@ class LinuxRunner(Runner):
             return [self.qemu, "-cpu", self.qemu_cpu, str(elf)]
         wrapper = os.environ.get("DEPLOYKIT_REMOTE_EXEC", "")
         remote = f"DK_THREADS={self.threads} {wrapper} {shlex.quote(self.remote_path(elf))}"
-        return ["ssh", *self._ssh_options(), self.host, remote.replace("  ", " ")]
+        return ["ssh", *self.ssh_options(), self.host, remote.replace("  ", " ")]
 
     def _copy(self, elf: Path, log: BinaryIO, deadline: float) -> None:
         """Copy the runner to the board (mkdir + scp), unless it is there already."""
@@ -147,14 +158,14 @@ class LinuxRunner(Runner):
         steps = [
             [
                 "ssh",
-                *self._ssh_options(),
+                *self.ssh_options(),
                 self.host or "",
                 f"mkdir -p {shlex.quote(self.remote_dir)} && test -x {shlex.quote(target)}",
             ],
-            ["scp", "-q", *self._ssh_options(), str(elf), f"{self.host}:{target}.part"],
+            ["scp", "-q", *self.ssh_options(), str(elf), f"{self.host}:{target}.part"],
             [
                 "ssh",
-                *self._ssh_options(),
+                *self.ssh_options(),
                 self.host or "",
                 f"chmod +x {shlex.quote(target)}.part && mv {shlex.quote(target)}.part "
                 f"{shlex.quote(target)}",
@@ -257,6 +268,7 @@ class LinuxRunner(Runner):
             killed=killed,
             command=tuple(cmd),
             notes=[f"{self.threads} thread(s)"],
+            emulated_by=self.emulated_by,
         )
         return result.check() if check else result
 
