@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -211,13 +212,23 @@ def test_mobilenet_v2_lrn_shows_two_delegate_subgraphs(
 # ---- the server ---------------------------------------------------------------------------
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class Served:
     """`deploykit explore --no-browser` in a process of its own, as a user starts it."""
 
     def __init__(self, *args: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO / "tools")}
+        # A port of its own (the kernel's pick), not deploykit's default of the first free one
+        # from 8080: another test run on the machine may serve there, and the port checks
+        # below would see its server.
+        port = [] if "--port" in args else ["--port", str(_free_port())]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "deploykit", "explore", "--no-browser", *args],
+            [sys.executable, "-m", "deploykit", "explore", "--no-browser", *port, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
