@@ -50,10 +50,11 @@ class ExportOptions:
     def backend_config(self, **kwargs: Any) -> Any:
         """to_executorch's ExecutorchBackendConfig for these options (and `kwargs`)."""
         from executorch.exir import ExecutorchBackendConfig
-        from executorch.exir.passes import MemoryPlanningPass
+
+        from .memory_planning import memory_planning_pass
 
         return ExecutorchBackendConfig(
-            memory_planning_pass=MemoryPlanningPass(alloc_graph_input=self.plan_inputs),
+            memory_planning_pass=memory_planning_pass(alloc_graph_input=self.plan_inputs),
             **kwargs)
 
 

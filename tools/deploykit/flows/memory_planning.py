@@ -1,0 +1,116 @@
+"""Activation memory planning for every flow's ``to_executorch``.
+
+ExecuTorch's default planner (``greedy`` in ``exir/memory_planning.py``) packs the planned
+tensors, largest first, into *shared objects* laid end to end; a smaller tensor goes into an
+object whose other tensors it does not overlap in time, at offset 0 or above the ones it
+does overlap. On a network whose tensor sizes shrink and grow (MobileNet's strided blocks)
+the objects fragment: mobilenet_v1_025 is planned at 64,512 B where 55,296 B are live at
+once at most (program_costs.py computes that lower bound from the ``.pte``).
+
+``greedy_by_size`` is the planner TensorFlow Lite Micro uses ("greedy by size"): one arena,
+tensors placed largest first, each at the lowest offset where it overlaps no tensor already
+placed that is live at the same time. Both run through ExecuTorch's
+``MemoryPlanningAlgorithmSuite``, which keeps the smaller plan; on a tie it keeps
+``greedy``'s, so a program that ExecuTorch already plans at its best is byte-identical to
+before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from executorch.exir.memory_planning import MemoryAlgoResult
+    from executorch.exir.tensor import TensorSpec
+    from torch.export import ExportGraphSignature
+
+# ExecuTorch's greedy puts a spec without a memory id into buffer 1 (0 is reserved for
+# constants); so does this planner, so the two return plans of the same shape.
+DEFAULT_MEM_ID = 1
+
+
+def _overlap_in_time(a: TensorSpec, b: TensorSpec) -> bool:
+    return not (a.lifetime[1] < b.lifetime[0] or a.lifetime[0] > b.lifetime[1])
+
+
+def _lowest_free_offset(size: int, busy: list[tuple[int, int]]) -> int:
+    """The lowest offset where [offset, offset + size) misses every (start, end) in busy."""
+    offset = 0
+    for start, end in sorted(busy):
+        if start >= offset + size:
+            break
+        offset = max(offset, end)
+    return offset
+
+
+def _graph_order(graph_module: torch.fx.GraphModule) -> dict[int, int]:
+    """id(spec) -> the position where the graph first names it: a tie-break that does not
+    depend on set iteration order, so the plan (and the .pte) is reproducible."""
+    from executorch.exir.memory_planning import get_node_tensor_specs
+
+    order: dict[int, int] = {}
+    for node in graph_module.graph.nodes:
+        for spec in get_node_tensor_specs(node):
+            order.setdefault(id(spec), len(order))
+    return order
+
+
+def greedy_by_size(
+    alignment: int,
+    specs: set[TensorSpec],
+    graph_module: torch.fx.GraphModule,
+    graph_signature: ExportGraphSignature,
+    extra_padding: int = 0,
+) -> MemoryAlgoResult:
+    """Largest first, each tensor at the lowest offset free over its lifetime (one arena per
+    memory id). In-place results share their base's place, as in ExecuTorch's greedy."""
+    from executorch.exir.memory_planning import (
+        AllocationSpec,
+        MemoryAlgoResult,
+        SharedObject,
+        SpecAllocResult,
+        _compute_total_sizes,
+        _resolve_inplace_specs,
+    )
+
+    result = MemoryAlgoResult({}, [])
+    order = _graph_order(graph_module)
+    for spec in specs:
+        spec.realign(alignment)
+    ranked = sorted(specs, key=lambda s: (-s.allocated_memory, s.lifetime[0], s.lifetime[1],
+                                          order.get(id(s), len(order))))
+    arenas: dict[int, SharedObject] = {}
+    spec2obj: dict[TensorSpec, SharedObject] = {}
+    deferred_inplace: list[TensorSpec] = []
+    for spec in ranked:
+        mem_id = DEFAULT_MEM_ID if spec.mem_id is None else spec.mem_id
+        result.spec_dict[spec] = SpecAllocResult(mem_id, 0, 0)
+        if spec.inplace_base is not None:
+            deferred_inplace.append(spec)
+            continue
+        arena = arenas.get(mem_id)
+        if arena is None:
+            arena = arenas[mem_id] = SharedObject(0, -1, 0, spec.lifetime[0], spec.lifetime[1])
+        busy = [(a.offset, a.offset + a.spec.allocated_memory) for a in arena.allocations
+                if _overlap_in_time(a.spec, spec)]
+        offset = _lowest_free_offset(spec.allocated_memory, busy)
+        arena.allocations.append(AllocationSpec(offset, spec))
+        arena.size = max(arena.size, offset + spec.allocated_memory)
+        arena.first_used_index = min(arena.first_used_index, spec.lifetime[0])
+        arena.last_used_index = max(arena.last_used_index, spec.lifetime[1])
+        spec2obj[spec] = arena
+    _resolve_inplace_specs(deferred_inplace, spec2obj, result)
+    result.bufsizes = _compute_total_sizes({m: [a] for m, a in arenas.items()}, graph_module,
+                                           extra_padding, result, len(spec2obj))
+    return result
+
+
+def memory_planning_pass(alloc_graph_input: bool) -> Any:
+    """ExecuTorch's MemoryPlanningPass with the smaller of its greedy plan and greedy_by_size."""
+    from executorch.exir.memory_planning import MemoryPlanningAlgorithmSuite, greedy
+    from executorch.exir.passes import MemoryPlanningPass
+
+    return MemoryPlanningPass(
+        memory_planning_algo=MemoryPlanningAlgorithmSuite(algo_list=[greedy, greedy_by_size]),
+        alloc_graph_input=alloc_graph_input)
