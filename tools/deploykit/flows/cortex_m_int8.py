@@ -36,6 +36,7 @@ from .mixed_precision import (
     op_base,
     summary,
 )
+from .one_channel_conv import one_channel_depthwise_as_conv
 from .pt2e import dequantize, io_quant, quantize, quantize_pt2e
 
 if TYPE_CHECKING:
@@ -105,6 +106,8 @@ class CortexMInt8(Flow):
             if upstream is None:
                 upstream = failure.upstream(spec.source_path)
             excluded.append(choice)
+        with st.step("one-channel depthwise convolutions to convolutions"):
+            one_channel_convs = one_channel_depthwise_as_conv(lowered, cpu_target)
         with st.step("float linears to addmm"):
             lowered = _transform(lowered, decompose_float_linear_pass())
             if options.fold_constants:
@@ -175,6 +178,7 @@ class CortexMInt8(Flow):
             pt2e_reference=pt2e_reference,
             report={"cortex_m_target": {
                 "cpu": cpu_target.target_string, "cmsis_nn_backend": cpu_target.backend.name,
+                "one_channel_depthwise_as_conv": one_channel_convs,
                 **({"int8_inputs": int8_inputs, "int8_outputs": int8_outputs}
                    if options.int8_io else {})},
                 "mixed_precision": mixed},
