@@ -41,6 +41,49 @@ def test_mlp_int8_profile_on_an505(tmp_path):
     assert report.files["chart"].read_text().count("<rect") == len(p.rows)
 
 
+SIN_ISLAND = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 32)
+        self.b = nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.b(torch.sin(self.a(x)))  # no int8 kernel for sin: a float island
+
+
+def model():
+    torch.manual_seed(0)
+    return Net().eval()
+
+
+def example_inputs():
+    return (torch.linspace(-1, 1, 16).reshape(1, 16),)
+"""
+
+
+def test_a_float_island_gets_its_share_of_execute(tmp_path):
+    model = tmp_path / "sin_island.py"
+    model.write_text(SIN_ISLAND)
+    report = api.profile("qemu-an505", str(model), "cortex_m_int8", out=tmp_path / "out")
+    (island,) = report.islands
+    assert island.is_float and "aten::sin.out" in island.description
+    # Its time is that of its three instructions: the dequantize, sin and the quantize.
+    p = report.profile
+    times = {i.operator: i.ticks for i in p.instructions if i.operator == "aten::sin.out"}
+    assert times["aten::sin.out"] < island.ticks < p.total_ticks
+    names = [i.operator for i in p.instructions if i.ticks > 0]
+    assert names.count("cortex_m::quantized_linear.out") == 2
+    assert "of execute()" in report.text() and island.description in report.text()
+    written = json.loads(report.files["profile.json"].read_text())
+    assert written["islands"][0]["float"] is True
+    assert written["islands"][0]["share"] == pytest.approx(island.ticks / p.total_ticks)
+
+
 def test_tiny_cnn_fp32_profile_on_an547(tmp_path):
     report = api.profile("qemu-an547", "tiny_cnn", "portable_fp32", out=tmp_path)
     p = report.profile

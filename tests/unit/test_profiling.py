@@ -263,3 +263,27 @@ def test_a_board_without_an_event_clock_is_a_clear_error():
     with pytest.raises(ConfigError, match="names no event clock") as exc:
         trace_definitions(bare, intermediates=False)
     assert "timer.event_clock" in str(exc.value)
+
+
+def test_island_times_follow_program_costs_numbering():
+    """program_costs numbers kernel and delegate calls over the chains in order; the
+    profile's instructions are keyed (chain, index) with other instructions skipped."""
+    from deploykit.profiling.stage import island_times
+    from deploykit.profiling.trace import Instruction, InstructionTime, Profile
+    from deploykit.program_costs import Island
+
+    # Chain 0 has a non-call instruction at index 1 (absent from the program's calls).
+    program = {(0, 0): Instruction("cortex_m::quantized_linear.out", "cortex_m"),
+               (0, 2): Instruction("cortex_m::dequantize_per_tensor.out", "cortex_m"),
+               (0, 3): Instruction("aten::sin.out", "portable"),
+               (0, 4): Instruction("cortex_m::quantize_per_tensor.out", "cortex_m"),
+               (1, 0): Instruction("cortex_m::quantized_linear.out", "cortex_m")}
+    ticks = {(0, 0): 50.0, (0, 2): 7.0, (0, 3): 20.0, (0, 4): 3.0, (1, 0): 40.0}
+    profile = Profile("systick", 1_000_000, 0.0, 1, 125.0, [], [], instructions=[
+        InstructionTime(c, i, program[(c, i)].name, 1, t) for (c, i), t in ticks.items()])
+    island = Island(ops=("cortex_m::dequantize_per_tensor.out", "aten::sin.out",
+                         "cortex_m::quantize_per_tensor.out"), first=1, last=3, is_float=True,
+                    macs=0)
+    (timed,) = island_times(profile, (island,), program)
+    assert timed.ticks == 30.0 and timed.is_float
+    assert timed.description == island.describe()

@@ -33,11 +33,13 @@ from deploykit.profiling.intermediates import (
     compare_intermediates,
 )
 from deploykit.profiling.trace import (
+    Instruction,
     Profile,
     TraceError,
     profile_from_records,
     program_instructions,
 )
+from deploykit.program_costs import Island
 
 PROFILE_DIR = "firmware-profile"
 
@@ -81,6 +83,26 @@ class RamCost:
         return self.static_bytes + self.stack_bytes
 
 
+@dataclass(frozen=True)
+class IslandTime:
+    """A fallback run or float island (program_costs.Island) and its time in the profile."""
+
+    description: str  # Island.describe(): its instructions, operators and MACs
+    is_float: bool
+    ticks: float
+
+
+def island_times(profile: Profile, islands: tuple[Island, ...],
+                 program: dict[tuple[int, int], Instruction]) -> list[IslandTime]:
+    """The time of each island. program_costs numbers the kernel and delegate calls of every
+    chain in order, as the sorted (chain, instruction) keys of `program` do."""
+    calls = sorted(program)
+    ticks = {(i.chain, i.instruction): i.ticks for i in profile.instructions}
+    return [IslandTime(island.describe(), island.is_float,
+                       sum(ticks.get(k, 0.0) for k in calls[island.first:island.last + 1]))
+            for island in islands]
+
+
 @dataclass
 class ProfileReport:
     board: str
@@ -95,6 +117,8 @@ class ProfileReport:
     # come from the NPU firmware's records once an FVP runs it. Until then: Vela's estimate,
     # labelled as such. delegate index -> NpuEstimate.describe().
     npu_estimates: dict[int, str] = field(default_factory=dict)
+    # The program's CPU fallbacks and float islands (inspect's list), with their time.
+    islands: list[IslandTime] = field(default_factory=list)
 
     def text(self) -> str:
         p = self.profile
@@ -126,6 +150,11 @@ class ProfileReport:
                 f"RAM profiling adds: {self.ram.total:,} B ({self.ram.static_bytes:,} B "
                 f"static, {self.ram.stack_bytes:,} B stack peak)"
             )
+        lines += [
+            f"{island.description}: {p.value(island.ticks):,.0f} {p.unit}, "
+            f"{100 * island.ticks / (p.total_ticks or 1):.1f}% of execute()"
+            for island in self.islands
+        ]
         lines += [
             f"delegate {i}: {text} (not measured)" for i, text in sorted(self.npu_estimates.items())
         ]
@@ -180,6 +209,16 @@ class ProfileReport:
                 for i in p.instructions
             ],
             "npu_estimates": {str(i): text for i, text in self.npu_estimates.items()},
+            "islands": [
+                {
+                    "island": i.description,
+                    "float": i.is_float,
+                    "ticks": i.ticks,
+                    p.unit: p.value(i.ticks),
+                    "share": i.ticks / (p.total_ticks or 1),
+                }
+                for i in self.islands
+            ],
             "ram_bytes": (
                 {
                     "total": self.ram.total,
@@ -249,10 +288,9 @@ def profile_model(
     progress(f"running the profiling firmware on {runner.kind}")
     run = runner.run(traced.firmware.elf, out / "profile", timeout_s=timeout, check=True)
     exported = traced.planned.export
+    program = program_instructions(exported.pte_path.read_bytes())
     try:
-        profile = profile_from_records(
-            run.records, program_instructions(exported.pte_path.read_bytes())
-        )
+        profile = profile_from_records(run.records, program)
     except TraceError as exc:
         raise ProfileError(
             f"the profiling run cannot be read: {exc}",
@@ -303,6 +341,7 @@ def profile_model(
             for d in traced.planned.program.delegates
             if d.vela_estimate is not None
         },
+        island_times(profile, traced.planned.program.islands, program),
     )
     write_atomic(files["profile.json"], json.dumps(report.json(), indent=2) + "\n")
     return report
