@@ -37,6 +37,7 @@ from .families import family_of
 from .firmware_build import Firmware
 from .flows import get_flow
 from .flows.base import ExportTarget, Flow
+from .flows.conv1d_as_conv2d import describe as describe_conv1d
 from .footprint import Footprint, footprint
 from .fsutil import write_atomic
 from .input_sets import load_input_sets
@@ -156,12 +157,21 @@ def export_stage(board: Board, model: str, flow: str, out: Path,
     return result
 
 
+def _mixed_precision(result: ExportResult) -> dict:
+    """export.json's `mixed_precision` (an int8 flow's), {} where there is none."""
+    try:
+        return json.loads(result.report_path.read_text()).get("mixed_precision", {})
+    except (OSError, ValueError):
+        return {}
+
+
 def describe_export(result: ExportResult) -> str:
     lines = [f"{result.pte_path}: {result.pte_size:,} B, {result.flow}, "
              f"exported in {result.export_seconds:.1f} s",
              f"  operators: {', '.join(result.op_list)}",
              f"  reference: {result.reference_kind}; eager max abs diff "
              f"{result.eager_max_abs_diff:.3g}"]
+    lines += [f"  {line}" for line in describe_conv1d(_mixed_precision(result))]
     lines += [f"  warning: {w}" for w in result.warnings]
     return "\n".join(lines)
 
@@ -557,7 +567,7 @@ def run_firmware(board: Board, model: str, flow: str, out: Path, workspace: Path
         instructions_estimate=result.instructions_per_iteration_estimate,
         input_sets=sets, npu_calls=npu_calls_of(records, built.planned.program),
         memory=memory, warnings=warnings,
-        mixed_precision=json.loads(exported.report_path.read_text()).get("mixed_precision", {}),
+        mixed_precision=_mixed_precision(exported),
         elf=built.firmware.elf, flash_bytes=built.firmware.sizes.flash_total, cause=cause,
         log=result.console_log,
         device_outputs=[d.ravel().tolist() if d is not None else [] for d in device],

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError, ExportError
 from .base import NOTES_NAME, ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
 from .common import flatten_tensors, in_steps, max_abs_diff, parse_cpu, to_numpy
+from .conv1d_as_conv2d import Conv1dRewrite, conv1d_as_conv2d
 from .cortex_m_float_linear import decompose_float_linear_pass
 from .mixed_precision import (
     MAX_FALLBACKS,
@@ -87,10 +88,17 @@ class CortexMInt8(Flow):
 
         excluded: list[FloatChoice] = []
         upstream: UpstreamFailure | None = None
+        conv1d = Conv1dRewrite((), ())
+
+        def conv1d_rewrite(graph_module: Any) -> None:
+            # CMSIS-NN has no 1-D convolution: each Conv1d becomes a Conv2d of height 1.
+            nonlocal conv1d
+            conv1d = conv1d_as_conv2d(graph_module, spec.source_path)
+
         while True:
             quantizer = excluding(CortexMQuantizer(), excluded, spec.source_path)
             converted, reference, eager = quantize_pt2e(spec, st, inputs, calibration,
-                                                        quantizer)
+                                                        quantizer, conv1d_rewrite)
             with st.step("torch.export (quantized)"):
                 qep = torch.export.export(converted, inputs)
             with st.step("to_edge_transform_and_lower"):
@@ -118,6 +126,7 @@ class CortexMInt8(Flow):
         with st.step("mixed precision report"):
             mixed = float_compute(lowered.graph_module, spec.source_path)
             mixed["kept_in_float"] = [c.describe() for c in excluded]
+            mixed.update(conv1d.report())
             if upstream is not None:
                 mixed["upstream_failure"] = dataclasses.asdict(upstream)
         with st.step("cortex_m dialect check"):

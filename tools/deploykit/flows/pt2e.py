@@ -3,6 +3,7 @@ parameters at the lowered program's inputs and outputs. Only the quantizer diffe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .base import QuantParams
@@ -14,9 +15,12 @@ if TYPE_CHECKING:
 
 
 def quantize_pt2e(spec: ModelSpec, st: Stages, inputs: tuple[Any, ...],
-                   calibration: list[tuple[Any, ...]], quantizer: Any) -> tuple[Any, list, list]:
+                   calibration: list[tuple[Any, ...]], quantizer: Any,
+                   float_rewrite: Callable[[Any], None] | None = None) -> tuple[Any, list, list]:
     """torch.export → PT2E prepare → calibrate → convert; the quantized model and its and the
-    float model's outputs on `inputs`. Shared by the int8 flows; only the quantizer differs."""
+    float model's outputs on `inputs`. Shared by the int8 flows; only the quantizer differs,
+    and `float_rewrite`, which a flow may apply to the exported float graph (in place) before
+    it is quantized."""
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
@@ -28,6 +32,9 @@ def quantize_pt2e(spec: ModelSpec, st: Stages, inputs: tuple[Any, ...],
             graph_module = exported.module(check_guards=False)
         except TypeError:  # older torch: no such argument, and no such node
             graph_module = exported.module()
+    if float_rewrite is not None:
+        with st.step("float graph rewrite"):
+            float_rewrite(graph_module)
     with st.step("quantization (prepare_pt2e)"):
         prepared = prepare_pt2e(graph_module, quantizer)
     with st.step("calibration"), torch.no_grad():

@@ -1,0 +1,219 @@
+"""Conv1d as a Conv2d of height 1, for the cortex_m flow: CMSIS-NN has 2-D convolutions only,
+so without this a ``Conv1d`` of an int8 model runs as a float portable convolution between a
+dequantize and a quantize (a float island).
+
+The rewrite works on the float model's exported graph, before PT2E quantization, so that the
+Cortex-M quantizer annotates an ``aten.conv2d`` and the Cortex-M passes lower it to
+``cortex_m::quantized_conv2d`` (or ``quantized_depthwise_conv2d``). Each ``aten.conv1d``
+with a parameter as its weight becomes::
+
+    view (N, C, 1, L) -> clone to channels-last -> conv2d [-> its activation]
+        -> clone to contiguous -> view (N, O, L')
+
+with a (O, C/g, 1, K) weight registered as a parameter of its own (the quantizer quantizes
+parameters, not views of them), stride (1, s), padding (0, p), dilation (1, d) and the same
+groups. The views cost nothing on the device (ExecuTorch plans a view as an alias). The two
+clones are layout copies: CMSIS-NN reads and writes NHWC, and the NHWC bytes of an (N, C, L)
+signal are its NCL bytes transposed, so one int8 copy goes in and one comes out. A ReLU,
+hardtanh or clamp that is the convolution's only user moves in front of the copy out, so that
+it fuses into the CMSIS-NN kernel as it does after a Conv2d.
+
+Left as they are (and so still float islands): a convolution whose weight is computed (a slice
+or a product of parameters: nothing to quantize as a weight), and ``padding="same"`` with an
+odd total padding (asymmetric; a Conv2d pads symmetrically). A padding mode other than zeros
+is an ``aten.pad`` before the convolution in the exported graph: the convolution is rewritten,
+the pad stays (a float island of its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .mixed_precision import innermost_model_line
+
+# Activations the Cortex-M quantizer fuses into a preceding conv2d (quantizer_support.py).
+_FUSED_ACTIVATIONS = ("relu.default", "relu_.default", "hardtanh.default", "hardtanh_.default",
+                      "clamp.default", "clamp_.default")
+
+
+@dataclass(frozen=True)
+class Conv1dRewrite:
+    """What the rewrite did to one graph: the convolutions it rewrote and those it left, each
+    named by its node and model line where known."""
+
+    rewritten: tuple[str, ...]
+    left: tuple[str, ...]  # "<node>: <why>"
+
+    def report(self) -> dict[str, list[str]]:
+        """The entries of export.json's ``mixed_precision``, where there is anything to say."""
+        return {**({REWRITTEN_KEY: list(self.rewritten)} if self.rewritten else {}),
+                **({LEFT_KEY: list(self.left)} if self.left else {})}
+
+
+REWRITTEN_KEY = "conv1d_as_conv2d"
+LEFT_KEY = "conv1d_left_float"
+
+
+def describe(report: dict[str, Any]) -> list[str]:
+    """One line per kind for the export and run reports, from export.json's
+    ``mixed_precision``."""
+    done, left = report.get(REWRITTEN_KEY, []), report.get(LEFT_KEY, [])
+    lines = []
+    if done:
+        lines.append(f"Conv1d lowered as Conv2d of height 1: {len(done)} layer"
+                     f"{'s' if len(done) > 1 else ''} ({', '.join(done)})")
+    if left:
+        lines.append(f"Conv1d left in float: {'; '.join(left)}")
+    return lines
+
+
+def conv1d_as_conv2d(graph_module: Any, model_file: Path) -> Conv1dRewrite:
+    """Rewrite every ``aten.conv1d`` of `graph_module` (a float graph from
+    ``torch.export.export(...).module()``) that has a parameter as its weight into a Conv2d of
+    height 1, in place. `model_file` names the layers in the result by their model lines."""
+    import torch
+
+    graph = graph_module.graph
+    weights_2d: dict[str, Any] = {}  # a 1-D weight's target -> its (O, I/g, 1, K) get_attr
+    rewritten: list[str] = []
+    left: list[str] = []
+    aten = torch.ops.aten
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in (aten.conv1d.default,
+                                                              aten.conv1d.padding):
+            continue
+        x, weight, bias, stride, padding, dilation, groups = _conv1d_args(node)
+        where = _where(node, model_file)
+        why = _why_not(weight, padding, dilation)
+        if why:
+            left.append(f"{where}: {why}")
+            continue
+        if isinstance(padding, str):  # "valid", or "same" with an even total (checked above)
+            padding = [0] if padding == "valid" else [dilation[0] * (weight.meta["val"].shape[-1]
+                                                                      - 1) // 2]
+        fake = _fake_mode(node)
+        w2 = weights_2d.get(weight.target)
+        if w2 is None:
+            w2 = weights_2d[weight.target] = _weight_2d(graph_module, weight, fake)
+        n, c, length = x.meta["val"].shape
+        activation = _fusable_activation(node)
+        last = activation or node
+        with graph.inserting_before(last):
+            x4 = _call(graph, node, fake, aten.view.default, x, [n, c, 1, length])
+            x4 = _call(graph, node, fake, aten.clone.default, x4,
+                       memory_format=torch.channels_last)
+            y = _call(graph, node, fake, aten.conv2d.default, x4, w2, bias,
+                      [1, stride[0]], [0, padding[0]], [1, dilation[0]], groups)
+            if activation is not None:
+                y = _call(graph, activation, fake, activation.target, y, *activation.args[1:],
+                          **activation.kwargs)
+            y = _call(graph, last, fake, aten.clone.default, y,
+                      memory_format=torch.contiguous_format)
+            out = last.meta["val"].shape
+            y = _call(graph, last, fake, aten.view.default, y, list(out))
+        last.replace_all_uses_with(y)
+        graph.erase_node(last)
+        if activation is not None:
+            graph.erase_node(node)
+        rewritten.append(where)
+    if rewritten:
+        _drop_unused_parameters(graph_module)
+        graph.lint()
+        graph_module.recompile()
+    return Conv1dRewrite(tuple(rewritten), tuple(left))
+
+
+def _conv1d_args(node: Any) -> tuple[Any, ...]:
+    defaults = (None, None, None, [1], [0], [1], 1)
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    args = list(node.args) + list(defaults[len(node.args):])
+    for i, name in enumerate(names):
+        if name in node.kwargs:
+            args[i] = node.kwargs[name]
+    return tuple(args)
+
+
+def _why_not(weight: Any, padding: Any, dilation: list[int]) -> str:
+    if getattr(weight, "op", None) != "get_attr":
+        return "its weight is computed in the model, not a parameter"
+    if padding == "same":
+        total = dilation[0] * (weight.meta["val"].shape[-1] - 1)
+        if total % 2:
+            return ("padding='same' pads unevenly here (a kernel of even extent); a Conv2d "
+                    "pads both sides alike")
+    return ""
+
+
+def _where(node: Any, model_file: Path) -> str:
+    where = innermost_model_line(node, model_file)
+    return where[0] if where else node.name
+
+
+def _fusable_activation(conv: Any) -> Any | None:
+    users = list(conv.users)
+    if len(users) != 1 or users[0].op != "call_function":
+        return None
+    act = users[0]
+    name = getattr(act.target, "_overloadname", "")
+    base = getattr(getattr(act.target, "_schema", None), "name", "").split("::")[-1]
+    return act if f"{base}.{name}" in _FUSED_ACTIVATIONS else None
+
+
+def _fake_mode(node: Any) -> Any:
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode([a.meta["val"] for a in node.all_input_nodes
+                             if "val" in a.meta])
+
+
+def _call(graph: Any, like: Any, fake: Any, target: Any, *args: Any, **kwargs: Any) -> Any:
+    """A new call_function node with `like`'s metadata (stack trace, module stack: the model
+    line the reports and mixed precision name) and its own fake value."""
+    import torch
+
+    node = graph.call_function(target, args, kwargs)
+    node.meta.update({k: v for k, v in like.meta.items() if k != "val"})
+
+    def val(a: Any) -> Any:
+        return a.meta["val"] if isinstance(a, torch.fx.Node) else a
+
+    vals = torch.utils._pytree.tree_map(val, (args, kwargs))
+    with fake:
+        node.meta["val"] = target(*vals[0], **vals[1])
+    return node
+
+
+def _weight_2d(graph_module: Any, weight: Any, fake: Any) -> Any:
+    """A get_attr of a new parameter holding `weight`'s tensor as (O, I/g, 1, K)."""
+    import torch
+
+    tensor = _attr(graph_module, weight.target).detach()
+    name = weight.target.replace(".", "_") + "_as_conv2d"
+    while hasattr(graph_module, name):
+        name += "_"
+    graph_module.register_parameter(
+        name, torch.nn.Parameter(tensor.unsqueeze(2).clone(), requires_grad=False))
+    with graph_module.graph.inserting_after(weight):
+        node = graph_module.graph.get_attr(name)
+    node.meta.update({k: v for k, v in weight.meta.items() if k != "val"})
+    node.meta["val"] = fake.from_tensor(getattr(graph_module, name))
+    return node
+
+
+def _attr(root: Any, target: str) -> Any:
+    for part in target.split("."):
+        root = getattr(root, part)
+    return root
+
+
+def _drop_unused_parameters(graph_module: Any) -> None:
+    """Remove the 1-D weights no node reads any more, so that they are not exported too."""
+    graph = graph_module.graph
+    for node in list(graph.nodes):
+        if node.op == "get_attr" and not node.users:
+            owner, _, name = node.target.rpartition(".")
+            graph.erase_node(node)
+            delattr(_attr(graph_module, owner) if owner else graph_module, name)
+    graph_module.delete_all_unused_submodules()
