@@ -13,8 +13,11 @@ lower bound, and the operators that fall back outside the flow's target kernels.
   (CMSIS-NN, and the quantize/dequantize ops) and delegate calls; any other kernel
   (`aten::` portable kernels, dim-order copies) is a fallback. A run of consecutive fallback
   kernels, with the dequantize before it and the quantize after it, is an *island*; a float
-  island computes in float between the two. A program with neither `cortex_m::` kernels nor
-  delegates (the portable fp32 flow) has no target set, hence no fallbacks.
+  island computes in float between the two. An island of int8 dim-order copies alone is a
+  *layout copy*: bytes moved between NCHW and NHWC (around a Conv1d lowered as a Conv2d,
+  flows/conv1d_as_conv2d.py), nothing computed outside int8. A program with neither
+  `cortex_m::` kernels nor delegates (the portable fp32 flow) has no target set, hence no
+  fallbacks.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ QDQ_KERNELS = (
     "quantized_decomposed::dequantize_per_tensor",
 )
 TARGET_NAMESPACE = "cortex_m::"
+LAYOUT_COPY_NAMESPACE = "dim_order_ops::"
 _ITEM_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 11: 1, 15: 2}
 _FLOAT_TYPES = {5, 6, 7, 15}  # half, float, double, bfloat16
 _MATMULS = {"aten::mm": 0, "aten::bmm": 0, "aten::addmm": 1}  # op -> index of the left matrix
@@ -45,9 +49,16 @@ class Island:
     last: int
     is_float: bool  # some fallback kernel reads or writes a float tensor
     macs: int
+    is_layout_copy: bool = False  # int8 dim-order copies only: moves bytes, computes nothing
 
     def describe(self) -> str:
-        kind = "float island" if self.is_float else "fallback"
+        kind = (
+            "float island"
+            if self.is_float
+            else "layout copy"
+            if self.is_layout_copy
+            else "fallback"
+        )
         macs = f", {self.macs:,} MACs" if self.macs else ""
         return f"{kind} at instructions {self.first}-{self.last}: {' -> '.join(self.ops)}{macs}"
 
@@ -187,13 +198,17 @@ def _islands(
                 last=last,
                 is_float=is_float,
                 macs=sum(kernel_macs(plan, *calls[i]) for i in run),
+                is_layout_copy=not is_float
+                and all(calls[i][0].startswith(LAYOUT_COPY_NAMESPACE) for i in run),
             )
         )
     return tuple(out)
 
 
 def refuse_fallbacks(pte: Any, islands: tuple[Island, ...]) -> None:
-    """`--strict`: a ConfigError listing every island of `pte`, if it has any."""
+    """`--strict`: a ConfigError listing every island of `pte` that computes outside the
+    flow's target kernels, if it has any. Layout copies pass: they keep the program int8."""
+    islands = tuple(i for i in islands if not i.is_layout_copy)
     if not islands:
         return
     from .errors import ConfigError
@@ -202,6 +217,6 @@ def refuse_fallbacks(pte: Any, islands: tuple[Island, ...]) -> None:
     raise ConfigError(
         f"{pte} is not strictly in the flow's target kernels: {len(islands)} "
         f"island{'s' if len(islands) > 1 else ''} run outside them: {listed}.",
-        "Rewrite the layers named there into ones the flow lowers (e.g. a Conv1d as a Conv2d "
-        "with a height of 1), or leave out --strict to accept the fallbacks.",
+        "Rewrite the layers named there into ones the flow lowers (docs/int8-coverage.md "
+        "lists what the cortex_m flow lowers), or leave out --strict to accept the fallbacks.",
     )

@@ -31,11 +31,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .mixed_precision import innermost_model_line
+from .mixed_precision import innermost_model_line, innermost_module
 
 # Activations the Cortex-M quantizer fuses into a preceding conv2d (quantizer_support.py).
-_FUSED_ACTIVATIONS = ("relu.default", "relu_.default", "hardtanh.default", "hardtanh_.default",
-                      "clamp.default", "clamp_.default")
+_CHANNELWISE = (
+    "relu.default",
+    "relu_.default",
+    "hardtanh.default",
+    "hardtanh_.default",
+    "clamp.default",
+    "clamp_.default",
+)
 
 
 @dataclass(frozen=True)
@@ -48,8 +54,10 @@ class Conv1dRewrite:
 
     def report(self) -> dict[str, list[str]]:
         """The entries of export.json's ``mixed_precision``, where there is anything to say."""
-        return {**({REWRITTEN_KEY: list(self.rewritten)} if self.rewritten else {}),
-                **({LEFT_KEY: list(self.left)} if self.left else {})}
+        return {
+            **({REWRITTEN_KEY: list(self.rewritten)} if self.rewritten else {}),
+            **({LEFT_KEY: list(self.left)} if self.left else {}),
+        }
 
 
 REWRITTEN_KEY = "conv1d_as_conv2d"
@@ -62,8 +70,10 @@ def describe(report: dict[str, Any]) -> list[str]:
     done, left = report.get(REWRITTEN_KEY, []), report.get(LEFT_KEY, [])
     lines = []
     if done:
-        lines.append(f"Conv1d lowered as Conv2d of height 1: {len(done)} layer"
-                     f"{'s' if len(done) > 1 else ''} ({', '.join(done)})")
+        lines.append(
+            f"Conv1d lowered as Conv2d of height 1: {len(done)} layer"
+            f"{'s' if len(done) > 1 else ''} ({', '.join(done)})"
+        )
     if left:
         lines.append(f"Conv1d left in float: {'; '.join(left)}")
     return lines
@@ -77,12 +87,18 @@ def conv1d_as_conv2d(graph_module: Any, model_file: Path) -> Conv1dRewrite:
 
     graph = graph_module.graph
     weights_2d: dict[str, Any] = {}  # a 1-D weight's target -> its (O, I/g, 1, K) get_attr
+    replaced_weights: list[Any] = []
+    # The 3-D output of a rewritten convolution -> the channels-last 4-D tensor it is a copy
+    # of: a Conv1d reading it reads that tensor instead, with no copy out and in between.
+    channels_last_of: dict[Any, Any] = {}
     rewritten: list[str] = []
     left: list[str] = []
     aten = torch.ops.aten
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in (aten.conv1d.default,
-                                                              aten.conv1d.padding):
+        if node.op != "call_function" or node.target not in (
+            aten.conv1d.default,
+            aten.conv1d.padding,
+        ):
             continue
         x, weight, bias, stride, padding, dilation, groups = _conv1d_args(node)
         where = _where(node, model_file)
@@ -91,35 +107,38 @@ def conv1d_as_conv2d(graph_module: Any, model_file: Path) -> Conv1dRewrite:
             left.append(f"{where}: {why}")
             continue
         if isinstance(padding, str):  # "valid", or "same" with an even total (checked above)
-            padding = [0] if padding == "valid" else [dilation[0] * (weight.meta["val"].shape[-1]
-                                                                      - 1) // 2]
+            extent = dilation[0] * (weight.meta["val"].shape[-1] - 1)
+            padding = [0 if padding == "valid" else extent // 2]
         fake = _fake_mode(node)
-        w2 = weights_2d.get(weight.target)
-        if w2 is None:
-            w2 = weights_2d[weight.target] = _weight_2d(graph_module, weight, fake)
-        n, c, length = x.meta["val"].shape
-        activation = _fusable_activation(node)
-        last = activation or node
+        if weight.target not in weights_2d:
+            weights_2d[weight.target] = _weight_2d(graph_module, weight, fake)
+            replaced_weights.append(weight)
+        followers = _channelwise_followers(node)
+        last = followers[-1] if followers else node
         with graph.inserting_before(last):
-            x4 = _call(graph, node, fake, aten.view.default, x, [n, c, 1, length])
-            x4 = _call(graph, node, fake, aten.clone.default, x4,
-                       memory_format=torch.channels_last)
-            y = _call(graph, node, fake, aten.conv2d.default, x4, w2, bias,
-                      [1, stride[0]], [0, padding[0]], [1, dilation[0]], groups)
-            if activation is not None:
-                y = _call(graph, activation, fake, activation.target, y, *activation.args[1:],
-                          **activation.kwargs)
-            y = _call(graph, last, fake, aten.clone.default, y,
-                      memory_format=torch.contiguous_format)
-            out = last.meta["val"].shape
-            y = _call(graph, last, fake, aten.view.default, y, list(out))
+            x4 = channels_last_of.get(x)
+            if x4 is None:
+                n, c, length = x.meta["val"].shape
+                x4 = _call(graph, node, fake, aten.view.default, x, [n, c, 1, length])
+                x4 = _call(
+                    graph, node, fake, aten.clone.default, x4, memory_format=torch.channels_last
+                )
+            conv_args = (x4, weights_2d[weight.target], bias, [1, stride[0]], [0, padding[0]])
+            y = _call(graph, node, fake, aten.conv2d.default, *conv_args, [1, dilation[0]], groups)
+            for f in followers:
+                y = _call(graph, f, fake, f.target, y, *f.args[1:], **f.kwargs)
+            y4 = y
+            y = _call(
+                graph, last, fake, aten.clone.default, y, memory_format=torch.contiguous_format
+            )
+            y = _call(graph, last, fake, aten.view.default, y, list(last.meta["val"].shape))
+        channels_last_of[y] = y4
         last.replace_all_uses_with(y)
-        graph.erase_node(last)
-        if activation is not None:
-            graph.erase_node(node)
+        for old in [*reversed(followers), node]:
+            graph.erase_node(old)
         rewritten.append(where)
     if rewritten:
-        _drop_unused_parameters(graph_module)
+        _drop_dead(graph_module, replaced_weights, channels_last_of)
         graph.lint()
         graph_module.recompile()
     return Conv1dRewrite(tuple(rewritten), tuple(left))
@@ -128,7 +147,7 @@ def conv1d_as_conv2d(graph_module: Any, model_file: Path) -> Conv1dRewrite:
 def _conv1d_args(node: Any) -> tuple[Any, ...]:
     defaults = (None, None, None, [1], [0], [1], 1)
     names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-    args = list(node.args) + list(defaults[len(node.args):])
+    args = list(node.args) + list(defaults[len(node.args) :])
     for i, name in enumerate(names):
         if name in node.kwargs:
             args[i] = node.kwargs[name]
@@ -141,31 +160,45 @@ def _why_not(weight: Any, padding: Any, dilation: list[int]) -> str:
     if padding == "same":
         total = dilation[0] * (weight.meta["val"].shape[-1] - 1)
         if total % 2:
-            return ("padding='same' pads unevenly here (a kernel of even extent); a Conv2d "
-                    "pads both sides alike")
+            return (
+                "padding='same' pads unevenly here (a kernel of even extent); a Conv2d "
+                "pads both sides alike"
+            )
     return ""
 
 
 def _where(node: Any, model_file: Path) -> str:
+    """The model line of the layer, else (a model built of library modules) its module."""
     where = innermost_model_line(node, model_file)
-    return where[0] if where else node.name
+    if where and where[0].startswith(f"{model_file.name}:"):
+        return where[0]
+    module = innermost_module(node)
+    return f"module {module}" if module else node.name
 
 
-def _fusable_activation(conv: Any) -> Any | None:
-    users = list(conv.users)
-    if len(users) != 1 or users[0].op != "call_function":
-        return None
-    act = users[0]
-    name = getattr(act.target, "_overloadname", "")
-    base = getattr(getattr(act.target, "_schema", None), "name", "").split("::")[-1]
-    return act if f"{base}.{name}" in _FUSED_ACTIVATIONS else None
+def _channelwise_followers(conv: Any) -> list[Any]:
+    """The nodes after `conv`, each the only user of the one before, that compute per channel
+    and position (an inference BatchNorm, ReLU, hardtanh, clamp): they work on the 4-D tensor
+    as on the 3-D one, and there the quantizer folds or fuses them into the convolution."""
+    followers: list[Any] = []
+    node = conv
+    while len(node.users) == 1:
+        user = next(iter(node.users))
+        name = f"{getattr(user.target, '__name__', '')}"
+        if user.op != "call_function" or user.args[0] is not node:
+            break
+        if name in _CHANNELWISE or (name == "batch_norm.default" and user.args[5] is False):
+            followers.append(user)
+            node = user
+        else:
+            break
+    return followers
 
 
 def _fake_mode(node: Any) -> Any:
     from torch._guards import detect_fake_mode
 
-    return detect_fake_mode([a.meta["val"] for a in node.all_input_nodes
-                             if "val" in a.meta])
+    return detect_fake_mode([a.meta["val"] for a in node.all_input_nodes if "val" in a.meta])
 
 
 def _call(graph: Any, like: Any, fake: Any, target: Any, *args: Any, **kwargs: Any) -> Any:
@@ -194,7 +227,8 @@ def _weight_2d(graph_module: Any, weight: Any, fake: Any) -> Any:
     while hasattr(graph_module, name):
         name += "_"
     graph_module.register_parameter(
-        name, torch.nn.Parameter(tensor.unsqueeze(2).clone(), requires_grad=False))
+        name, torch.nn.Parameter(tensor.unsqueeze(2).clone(), requires_grad=False)
+    )
     with graph_module.graph.inserting_after(weight):
         node = graph_module.graph.get_attr(name)
     node.meta.update({k: v for k, v in weight.meta.items() if k != "val"})
@@ -208,12 +242,17 @@ def _attr(root: Any, target: str) -> Any:
     return root
 
 
-def _drop_unused_parameters(graph_module: Any) -> None:
-    """Remove the 1-D weights no node reads any more, so that they are not exported too."""
+def _drop_dead(graph_module: Any, weights: list[Any], channels_last_of: dict[Any, Any]) -> None:
+    """Remove what the rewrite left unused: copies out that only fed another rewritten
+    convolution, and the 1-D weights (so that they are not exported as well)."""
     graph = graph_module.graph
-    for node in list(graph.nodes):
-        if node.op == "get_attr" and not node.users:
+    for view in channels_last_of:
+        if not view.users:
+            clone = view.args[0]
+            graph.erase_node(view)
+            graph.erase_node(clone)
+    for node in weights:
+        if not node.users:
             owner, _, name = node.target.rpartition(".")
             graph.erase_node(node)
             delattr(_attr(graph_module, owner) if owner else graph_module, name)
-    graph_module.delete_all_unused_submodules()

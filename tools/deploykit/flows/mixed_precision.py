@@ -324,10 +324,11 @@ def describe_float(report: dict[str, Any]) -> list[str]:
     rewrites = describe_conv1d(report or {})
     if not report or not (report.get("float_mac_ops") or report.get("kept_in_float")):
         return rewrites
-    lines = [*rewrites,
+    lines = [
+        *rewrites,
         f"float operators (mixed precision; {100 * report['float_mac_share']:.1f}% of "
         f"the MACs, {report['float_macs']:,} of "
-        f"{report['float_macs'] + report['int8_macs']:,}):"
+        f"{report['float_macs'] + report['int8_macs']:,}):",
     ]
     lines += [
         f"  {e['op']} x{e['count']} ({e['macs']:,} MACs) at {e['source']}"
