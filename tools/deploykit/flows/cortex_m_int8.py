@@ -1,6 +1,7 @@
 """cortex_m_int8: int8 on the CMSIS-NN kernels of ExecuTorch's Cortex-M backend.
 
-``CortexMQuantizer`` + PT2E ``prepare_pt2e`` / calibrate / ``convert_pt2e`` (flows/pt2e.py) ->
+Each Conv1d as a Conv2d of height 1 (flows/conv1d_as_conv2d.py) -> ``CortexMQuantizer`` +
+PT2E ``prepare_pt2e`` / calibrate / ``convert_pt2e`` (flows/pt2e.py) ->
 torch.export -> ``to_edge_transform_and_lower`` with the Cortex-M edge config of
 ``backends/cortex_m/test/tester.py`` -> the passes of ``CortexMPassManager`` for the board CPU
 (``CortexMTargetConfig``: MVE/DSP/scalar CMSIS-NN paths take differently laid-out constants,
