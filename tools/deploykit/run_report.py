@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ExitCode
+from .flows.conv1d_as_conv2d import describe as describe_conv1d
 from .flows.mixed_precision import describe_float
 from .inspect_pte import ProgramInfo
 from .jsonable import to_jsonable
@@ -111,6 +112,7 @@ class RunReport:
                     + f" (atol {o.tolerance.atol:.3g}) {'ok' if o.passed else 'MISMATCH'}"
                     + (f": {o.problem}" if o.problem else ""))
             lines.append(f"  reference: {self.reference_kind}")
+        lines += [f"  {line}" for line in describe_conv1d(self.mixed_precision)]
         lines += [f"  {line}" for line in describe_float(self.mixed_precision)]
         if self.input_sets and self.input_sets.count > 1:
             lines.append(f"  {self.input_sets.describe()}")

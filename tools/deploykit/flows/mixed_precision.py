@@ -319,16 +319,12 @@ def summary(report: dict[str, Any], choices: list[FloatChoice]) -> str:
 
 def describe_float(report: dict[str, Any]) -> list[str]:
     """Lines for a run report: what ran in float, with model lines and the MAC share."""
-    from .conv1d_as_conv2d import describe as describe_conv1d
-
-    rewrites = describe_conv1d(report or {})
     if not report or not (report.get("float_mac_ops") or report.get("kept_in_float")):
-        return rewrites
+        return []
     lines = [
-        *rewrites,
         f"float operators (mixed precision; {100 * report['float_mac_share']:.1f}% of "
         f"the MACs, {report['float_macs']:,} of "
-        f"{report['float_macs'] + report['int8_macs']:,}):",
+        f"{report['float_macs'] + report['int8_macs']:,}):"
     ]
     lines += [
         f"  {e['op']} x{e['count']} ({e['macs']:,} MACs) at {e['source']}"
