@@ -77,6 +77,16 @@ def test_rewritten_graph_equals_the_model(name):
         torch.testing.assert_close(graph_module(x), module(x), rtol=1e-5, atol=1e-5)
 
 
+def test_an_unbatched_input():
+    torch.manual_seed(0)
+    module = Single(nn.Conv1d(3, 5, 3, padding=1))
+    x = torch.randn(3, 12)  # nn.Conv1d takes (C, L) as a batch of one
+    graph_module, result = _rewrite(module, x)
+    assert len(result.rewritten) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(graph_module(x), module(x), rtol=1e-5, atol=1e-5)
+
+
 def test_a_chain_has_no_copies_between_its_convolutions():
     torch.manual_seed(0)
     module = nn.Sequential(

@@ -118,7 +118,8 @@ def conv1d_as_conv2d(graph_module: Any, model_file: Path) -> Conv1dRewrite:
         with graph.inserting_before(last):
             x4 = channels_last_of.get(x)
             if x4 is None:
-                n, c, length = x.meta["val"].shape
+                *batch, c, length = x.meta["val"].shape  # an unbatched (C, L) too
+                n = batch[0] if batch else 1
                 x4 = _call(graph, node, fake, aten.view.default, x, [n, c, 1, length])
                 x4 = _call(
                     graph, node, fake, aten.clone.default, x4, memory_format=torch.channels_last
