@@ -22,7 +22,8 @@ Left as they are (and so still float islands): a convolution whose weight is com
 or a product of parameters: nothing to quantize as a weight), and ``padding="same"`` with an
 odd total padding (asymmetric; a Conv2d pads symmetrically). A padding mode other than zeros
 is an ``aten.pad`` before the convolution in the exported graph: the convolution is rewritten,
-the pad stays (a float island of its own).
+the pad stays (a reflect pad runs as portable index kernels on the int8 signal, a fallback of
+its own that ``inspect`` lists and ``--strict`` refuses).
 """
 
 from __future__ import annotations
