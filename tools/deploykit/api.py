@@ -252,7 +252,8 @@ def export(board: str, model: str, flow: str | None = None, out: Path | None = N
            strict: bool = False):
     """`strict`: an operator the int8 lowering cannot take is an error, instead of being kept
     in float (automatic mixed precision of the cortex_m flow); and a program that still has an
-    island outside the flow's target kernels (program_costs.py) is refused, listing them."""
+    island outside the flow's target kernels (program_costs.py) is refused, listing them
+    (int8 layout copies alone are no such island: they compute nothing)."""
     from .pipeline import export_stage
 
     b = load_board_with(board, npu_macs, npu_memory_mode)
