@@ -23,10 +23,10 @@ int8 graph channels-last end to end (no NHWC->NCHW copy in a portable kernel).
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
+from _seeded_cnn import trained_or_seeded
 from torch import nn
 
 FRAMES, COEFFS, CLASSES = 49, 10, 12
@@ -95,33 +95,10 @@ def mfcc(seed: int = 0) -> torch.Tensor:
     return out.reshape(1, 1, FRAMES, COEFFS).contiguous()
 
 
-def _init(net: nn.Module) -> None:
-    """Seeded weights, then BatchNorm statistics from synthetic MFCCs."""
-    for m in net.modules():
-        if isinstance(m, nn.Conv2d):
-            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-        elif isinstance(m, nn.BatchNorm2d):
-            nn.init.uniform_(m.weight, 0.5, 1.5)
-            nn.init.uniform_(m.bias, -0.1, 0.1)
-            m.momentum = None  # cumulative average over the statistics batches
-        elif isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, 0.0, 1.0 / math.sqrt(m.in_features))
-            nn.init.zeros_(m.bias)
-    net.train()
-    with torch.no_grad():
-        for i in range(4):
-            net(torch.cat([mfcc(seed=100 + 8 * i + j) for j in range(8)]))
-    net.eval()
-
-
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
-    net = DsCnn()
-    if CHECKPOINT:
-        net.load_state_dict(torch.load(CHECKPOINT, map_location="cpu", weights_only=True))
-    else:
-        _init(net)
-    return net.eval()
+    batches = (torch.cat([mfcc(seed=100 + 8 * i + j) for j in range(8)]) for i in range(4))
+    return trained_or_seeded(DsCnn(), CHECKPOINT, batches)
 
 
 def example_inputs() -> tuple[torch.Tensor, ...]:

@@ -19,10 +19,10 @@ below, or the environment variable DEPLOYKIT_MOBILENET_V1_025_CHECKPOINT, to the
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
+from _seeded_cnn import trained_or_seeded
 from torch import nn
 
 SIZE, CLASSES = 96, 2
@@ -118,33 +118,11 @@ def scene(seed: int = 0, person: bool = True) -> torch.Tensor:
     return img.unsqueeze(0).contiguous()
 
 
-def _init(net: nn.Module) -> None:
-    """Seeded weights, then BatchNorm statistics from synthetic scenes."""
-    for m in net.modules():
-        if isinstance(m, nn.Conv2d):
-            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-        elif isinstance(m, nn.BatchNorm2d):
-            nn.init.uniform_(m.weight, 0.5, 1.5)
-            nn.init.uniform_(m.bias, -0.1, 0.1)
-            m.momentum = None
-        elif isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, 0.0, 1.0 / math.sqrt(m.in_features))
-            nn.init.zeros_(m.bias)
-    net.train()
-    with torch.no_grad():
-        for i in range(3):
-            net(torch.cat([scene(seed=100 + 8 * i + j, person=j % 2 == 0) for j in range(8)]))
-    net.eval()
-
-
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
-    net = MobileNetV1()
-    if CHECKPOINT:
-        net.load_state_dict(torch.load(CHECKPOINT, map_location="cpu", weights_only=True))
-    else:
-        _init(net)
-    return net.eval()
+    batches = (torch.cat([scene(seed=100 + 8 * i + j, person=j % 2 == 0) for j in range(8)])
+               for i in range(3))
+    return trained_or_seeded(MobileNetV1(), CHECKPOINT, batches)
 
 
 def example_inputs() -> tuple[torch.Tensor, ...]:

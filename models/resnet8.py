@@ -18,10 +18,10 @@ below, or the environment variable DEPLOYKIT_RESNET8_CHECKPOINT, to the .pt file
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
+from _seeded_cnn import trained_or_seeded
 from torch import nn
 
 SIZE, CLASSES = 32, 10
@@ -94,35 +94,10 @@ def picture(seed: int = 0) -> torch.Tensor:
     return img.unsqueeze(0).contiguous()
 
 
-def _init(net: nn.Module) -> None:
-    """Seeded weights, then BatchNorm statistics from synthetic pictures."""
-    for m in net.modules():
-        if isinstance(m, nn.Conv2d):
-            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.BatchNorm2d):
-            nn.init.uniform_(m.weight, 0.5, 1.5)
-            nn.init.uniform_(m.bias, -0.1, 0.1)
-            m.momentum = None
-        elif isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, 0.0, 1.0 / math.sqrt(m.in_features))
-            nn.init.zeros_(m.bias)
-    net.train()
-    with torch.no_grad():
-        for i in range(4):
-            net(torch.cat([picture(seed=100 + 8 * i + j) for j in range(8)]))
-    net.eval()
-
-
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
-    net = ResNet8()
-    if CHECKPOINT:
-        net.load_state_dict(torch.load(CHECKPOINT, map_location="cpu", weights_only=True))
-    else:
-        _init(net)
-    return net.eval()
+    batches = (torch.cat([picture(seed=100 + 8 * i + j) for j in range(8)]) for i in range(4))
+    return trained_or_seeded(ResNet8(), CHECKPOINT, batches)
 
 
 def example_inputs() -> tuple[torch.Tensor, ...]:
