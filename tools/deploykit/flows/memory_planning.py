@@ -1,4 +1,4 @@
-"""Activation memory planning for every flow's ``to_executorch``.
+"""Activation memory planning for the CPU flows' ``to_executorch`` (ExportOptions.backend_config).
 
 ExecuTorch's default planner (``greedy`` in ``exir/memory_planning.py``) packs the planned
 tensors, largest first, into *shared objects* laid end to end; a smaller tensor goes into an
