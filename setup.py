@@ -9,7 +9,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-DATA_ITEMS = ("boards", "models", "firmware", "cmake", "west.yml")  # = deploykit.paths
+DATA_ITEMS = ("boards", "models", "firmware", "cmake", "west.yml")  # = deploykit.util.paths
 
 
 class BuildPyWithData(build_py):

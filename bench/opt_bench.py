@@ -152,9 +152,9 @@ def pi_rows(
 ) -> dict:
     """The Pi's table: each flow's cross-built runner, run on args.host over SSH."""
     from deploykit import api
-    from deploykit.boards import load_board
-    from deploykit.errors import DeployKitError
-    from deploykit.runners import runner_for_board
+    from deploykit.readers.boards import load_board
+    from deploykit.run.runners import runner_for_board
+    from deploykit.util.errors import DeployKitError
 
     runner = runner_for_board(load_board(args.board), host=args.host, threads=args.pi_threads)
     runner.check_environment()
@@ -265,11 +265,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from deploykit.errors import DeployKitError
     from deploykit.flows import get_flow
     from deploykit.flows.base import ExportOptions, ExportTarget
     from deploykit.flows.common import Stages
-    from deploykit.models import ModelSpec
+    from deploykit.program.models import ModelSpec
+    from deploykit.util.errors import DeployKitError
 
     mod = importlib.import_module(args.model)
     seq_len = args.seq_len or mod.SEQ_LEN

@@ -21,7 +21,7 @@
 #   DK_ET_RUNTIME_CACHE_DIR  where runtime build directories live (default <build>/et-runtime;
 #                            share one across firmware builds to reuse the runtime). Also
 #                            accepted as DK_RUNTIME_CACHE_DIR.
-#   The build profile (tools/deploykit/profiles.py, docs/profiles.md), all required, no
+#   The build profile (tools/deploykit/pipeline/profiles.py, docs/profiles.md), all required, no
 #   defaults here (`deploykit profiles --cmake size` prints them for a hand-run configure):
 #   DK_PROFILE               its name (reported in the firmware's hello, not part of the key)
 #   DK_ET_BUILD_TYPE         build type of the runtime (the firmware's is CMAKE_BUILD_TYPE).
@@ -52,7 +52,7 @@
 #                            the Zephyr module hal_ethos_u), DK_CMSIS_DIR (CMSIS_6) and
 #                            DK_ETHOS_U_NPU_CONFIG (ethos-u55-128, ...); DK_ETHOS_U_DRIVER_COMMIT
 #                            (optional) goes into the key. deploykit computes them in one place:
-#                            tools/deploykit/npu.py, npu_firmware_definitions().
+#                            tools/deploykit/readers/npu.py, npu_firmware_definitions().
 #
 # Provides: dk_executorch_link(<target>), which adds the registration, the registry and the
 # runtime libraries to <target>, and the compile definitions DK_MAX_KERNEL_NUM and

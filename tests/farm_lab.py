@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from deploykit.boards import repo_root
+from deploykit.readers.boards import repo_root
 
 CC = shutil.which("cc") or shutil.which("gcc")
 INFO_UF2 = "UF2 Bootloader v1.0\nModel: Raspberry Pi RP2350\nBoard-ID: RP2350\n"

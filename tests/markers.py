@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from deploykit.errors import DeployKitError
-from deploykit.sources import load_workspace
+from deploykit.readers.sources import load_workspace
+from deploykit.util.errors import DeployKitError
 
 requires_toolchain = pytest.mark.skipif(
     shutil.which("arm-none-eabi-gcc") is None,
@@ -34,7 +34,7 @@ requires_sources = pytest.mark.skipif(_sources_reason() is not None,
 
 
 def _ethos_u_sources_reason() -> str | None:
-    from deploykit.sources import CMSIS, ETHOS_U_DRIVER
+    from deploykit.readers.sources import CMSIS, ETHOS_U_DRIVER
 
     try:
         ws = load_workspace()

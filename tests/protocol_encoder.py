@@ -1,8 +1,9 @@
 """Reference encoder for the deploykit result protocol, version 1 (docs/protocol.md).
 
-The tests round-trip records through it into the decoder (`deploykit.protocol`) and use it to
-stand in for a device: stand-in ELFs under QEMU, a stand-in FVP. It lives with the tests because
-deploykit itself never sends records; the firmware's encoder is `firmware/protocol/dk_protocol.c`.
+The tests round-trip records through it into the decoder (`deploykit.readers.protocol`) and use
+it to stand in for a device: stand-in ELFs under QEMU, a stand-in FVP. It lives with the tests
+because deploykit itself never sends records; the firmware's encoder is
+`firmware/protocol/dk_protocol.c`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from deploykit.protocol.records import (
+from deploykit.readers.protocol.records import (
     DONE_STRUCT,
     FAULT_REGISTERS,
     FAULT_STRUCT,

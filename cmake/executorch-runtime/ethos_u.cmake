@@ -20,7 +20,7 @@
 # (the driver's own log lines, fprintf to stderr, follow the runtime's logging).
 foreach(_v DK_ETHOS_U_DRIVER_DIR DK_CMSIS_DIR DK_ETHOS_U_NPU_CONFIG)
   if(NOT ${_v})
-    message(FATAL_ERROR "DK_ETHOS_U=ON needs ${_v} (deploykit passes it: npu.py, "
+    message(FATAL_ERROR "DK_ETHOS_U=ON needs ${_v} (deploykit passes it: readers/npu.py, "
                         "npu_firmware_definitions).")
   endif()
 endforeach()

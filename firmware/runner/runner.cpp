@@ -14,7 +14,7 @@
  * and the host brings them back to logical order.
  *
  * Error codes of the `error` record: ExecuTorch Error values (< 0x100), or deploykit's codes
- * (dk_errors.h, generated from tools/deploykit/protocol/errors.yaml); the host names both.
+ * (dk_errors.h, generated from tools/deploykit/readers/protocol/errors.yaml); the host names both.
  *
  * Ethos-U firmware (DK_ETHOS_U=1, npu_ethos_u.cpp): the NPU is checked and initialised right
  * after hello (an absent NPU is an error record and done(1), before anything runs); the temp

@@ -7,8 +7,8 @@
 import numpy as np
 import pytest
 
-from deploykit.protocol.error_codes import BY_NAME as CODES_BY_NAME
 from deploykit.pytest_plugin import ExpectError
+from deploykit.readers.protocol.error_codes import BY_NAME as CODES_BY_NAME
 
 
 def test_board_support_selftest(deployed, board):

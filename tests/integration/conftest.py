@@ -14,10 +14,9 @@ def mobilenet_v2_lrn_ethos_u(tmp_path_factory):
     """mobilenet_v2_lrn through the ethos_u_int8 flow for corstone-320 (Ethos-U85-256): the
     split case, two NPU delegates with the LRN remnant on the CPU between them. About a minute
     on two cores, so exported once (test_ethos_u_export.py, test_explore.py)."""
-    from deploykit.boards import load_board
-    from deploykit.export import export
-    from deploykit.models import load_model
-    from deploykit.npu import npu_config
+    from deploykit.program.export import export
+    from deploykit.program.models import load_model
+    from deploykit.readers.boards import load_board
 
     board = load_board("corstone-320")
     return export(
@@ -25,5 +24,5 @@ def mobilenet_v2_lrn_ethos_u(tmp_path_factory):
         "ethos_u_int8",
         tmp_path_factory.mktemp("mobilenet_v2_lrn-corstone-320"),
         cpu=board.cpu["core"],
-        settings=npu_config(board).export_settings(),
+        settings=board.npu.export_settings(),
     )

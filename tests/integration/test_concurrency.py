@@ -91,7 +91,7 @@ def test_second_command_on_the_same_out_waits_and_does_not_interleave(tmp_path):
 
 @requires_sources
 def test_two_cold_builds_of_one_runtime_key_build_it_once(tmp_path):
-    from deploykit.sources import load_workspace
+    from deploykit.readers.sources import load_workspace
 
     # A workspace of the same sources with an empty runtime cache: both builds are cold.
     ws_src = load_workspace().root

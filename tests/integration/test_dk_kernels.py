@@ -17,13 +17,13 @@ import executorch  # noqa: F401  (a hard dependency: a broken install fails here
 import numpy as np
 import torch
 
-from deploykit.boards import load_board
+from deploykit.build.render import ModelSources, render_board_files, render_model_files
 from deploykit.families import family_of
-from deploykit.inspect_pte import inspect_pte
-from deploykit.plan import plan_memory
-from deploykit.profiles import resolve_profile
-from deploykit.render import ModelSources, render_board_files, render_model_files
-from deploykit.sources import load_workspace
+from deploykit.memory.plan import plan_memory
+from deploykit.pipeline.profiles import resolve_profile
+from deploykit.program.inspect import inspect_pte
+from deploykit.readers.boards import load_board
+from deploykit.readers.sources import load_workspace
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
 
 # (kernel, stride, padding, ceil_mode, count_include_pad, divisor_override): torch's defaults,
@@ -54,7 +54,7 @@ class Pools(torch.nn.Module):
 def test_avg_pool3d_matches_torch_on_the_device(tmp_path):
     from executorch.exir import to_edge
 
-    from deploykit.runners import runner_for_board
+    from deploykit.run.runners import runner_for_board
 
     x = torch.randn(1, 2, 7, 9, 6, generator=torch.Generator().manual_seed(3))
     module = Pools().eval()
@@ -79,7 +79,7 @@ def test_avg_pool3d_matches_torch_on_the_device(tmp_path):
     defs = {"EXECUTORCH_SOURCE_DIR": str(ws.executorch_dir),
             "DK_CMSIS_NN_DIR": str(ws.path_of("cmsis-nn")), "DK_OPS_YAML": str(ops),
             "DK_ET_RUNTIME_CACHE_DIR": str(ws.root / "runtime-cache"),
-            "DK_ET_COMMIT": ws.executorch_commit, **profile.cmake_definitions(board)}
+            "DK_ET_COMMIT": ws.executorch_commit, **profile.cmake_definitions(family_of(board))}
     fw = family_of(board).build_image(board, generated, tmp_path / "fw", "runner", defs)
     assert fw.sizes.flash_by_component  # linked, with deploykit's kernel library
 

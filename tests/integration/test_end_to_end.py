@@ -9,7 +9,7 @@ import json
 import pytest
 
 from deploykit import api
-from deploykit.boards import load_board
+from deploykit.readers.boards import load_board
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
 
 pytestmark = [requires_toolchain, requires_cmake, requires_qemu, requires_sources]
@@ -66,3 +66,17 @@ def test_several_inputs_in_one_run(tmp_path):
     assert report.input_sets.count == 4 and report.input_sets.labelled == 4
     assert report.input_sets.top1_agreement == 1.0
     assert report.verdict.outputs[0].shape == (4, 1, 10)
+
+
+def test_build_and_run_resolve_the_target_once(tmp_path_factory):
+    """One build and one run each resolve the board's family, the flow, the profile, the NPU
+    section and the runner exactly once (pipeline/target.py); the stages ask the Target."""
+    from tests.unit.test_layout import ONCE_EACH, counted_resolvers
+
+    out = tmp_path_factory.getbasetemp() / "e2e" / "qemu-an547" / "tiny_cnn-portable_fp32"
+    with counted_resolvers() as calls:
+        api.build("qemu-an547", "tiny_cnn", flow="portable_fp32", out=out, fit=True)
+    assert dict(calls) == ONCE_EACH
+    with counted_resolvers() as calls:
+        report = api.run("qemu-an547", "tiny_cnn", flow="portable_fp32", out=out, timeout=120)
+    assert dict(calls) == ONCE_EACH and report.passed, report.summary()

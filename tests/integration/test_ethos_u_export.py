@@ -26,14 +26,14 @@ import executorch  # noqa: F401  (a hard dependency: a broken install fails here
 import pytest
 
 from deploykit import api
-from deploykit.boards import load_board
-from deploykit.errors import EnvironmentProblem
-from deploykit.export import export
 from deploykit.flows.ethos_u_int8 import TOSA_REFERENCE_KIND
-from deploykit.inspect_pte import inspect_pte
-from deploykit.models import load_model
-from deploykit.npu import npu_config, with_npu_overrides
-from deploykit.plan import plan_memory
+from deploykit.memory.plan import plan_memory
+from deploykit.program.export import export
+from deploykit.program.inspect import inspect_pte
+from deploykit.program.models import load_model
+from deploykit.readers.boards import load_board
+from deploykit.readers.npu import npu_config, with_npu_overrides
+from deploykit.util.errors import EnvironmentProblem
 from tests.markers import (
     _ethos_u_sources_reason,
     requires_cmake,
@@ -148,7 +148,7 @@ def test_export_cache_keys_on_the_mac_count(tmp_path):
 def test_corstone_300_board_support_runs_on_qemu_mps3_an547(tmp_path):
     """QEMU's mps3-an547 has the Corstone-300 memory map and UART: the board-support
     self-test built from corstone-300.yaml runs there (the FVP runner swapped for QEMU)."""
-    from deploykit.selftest import run_selftest
+    from deploykit.run.selftest import run_selftest
 
     board = load_board("corstone-300")
     qemu = dataclasses.replace(board, runner={"kind": "qemu", "machine": "mps3-an547",
@@ -162,8 +162,8 @@ def test_corstone_300_board_support_runs_on_qemu_mps3_an547(tmp_path):
 def test_corstone_320_board_support_links_at_the_board_addresses(tmp_path):
     from elftools.elf.elffile import ELFFile
 
+    from deploykit.build.render import render_board_files
     from deploykit.families import family_of
-    from deploykit.render import render_board_files
 
     board = load_board("corstone-320")
     render_board_files(board, tmp_path / "generated")

@@ -26,14 +26,15 @@ from typing import Any
 
 import pytest
 
-from deploykit import explore, tool_env
-from deploykit.boards import load_board
-from deploykit.errors import EnvironmentProblem
-from deploykit.export import export
-from deploykit.inspect_pte import inspect_pte
-from deploykit.models import load_model
-from deploykit.npu import npu_config
-from deploykit.profiling.trace import program_instructions
+from deploykit.profiling import explore
+from deploykit.program.export import export
+from deploykit.program.inspect import inspect_pte
+from deploykit.program.models import load_model
+from deploykit.readers.boards import load_board
+from deploykit.readers.npu import npu_config
+from deploykit.readers.trace import program_instructions
+from deploykit.util import tool_env
+from deploykit.util.errors import EnvironmentProblem
 from tests import chromium
 from tests.perturb import perturb_requantize_scale
 from tests.unit.test_explore_node_data import (

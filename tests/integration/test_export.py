@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from deploykit.errors import ConfigError, ExitCode, ExportError
-from deploykit.export import (
+from deploykit.program.export import (
     ERROR_LOG_NAME,
     ExportResult,
     export,
     memory_order_bytes,
     parse_ops_yaml,
 )
-from deploykit.models import load_model
-from deploykit.pte_reader import read_pte_info
+from deploykit.program.models import load_model
+from deploykit.readers.pte_reader import read_pte_info
+from deploykit.util.errors import ConfigError, ExitCode, ExportError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -209,7 +209,7 @@ def test_bad_flow_and_cpu(tmp_path):
 
 
 def test_load_export_round_trips(tmp_path):
-    from deploykit.export import load_export
+    from deploykit.program.export import load_export
 
     r = export(load_model("mlp_mnist", REPO), "portable_fp32", tmp_path)
     again = load_export(tmp_path)

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploykit.boards import load_board, repo_root
-from deploykit.errors import ExitCode
-from deploykit.uf2 import pages_to_uf2
+from deploykit.readers.boards import load_board, repo_root
+from deploykit.readers.uf2 import pages_to_uf2
+from deploykit.util.errors import ExitCode
 
 pytestmark = [
     pytest.mark.skipif(
@@ -52,8 +52,8 @@ BLOCK_PLACE = "lab/pico2-b"  # untagged, its drive a block device (labgrid's own
 JOB = r"""
 import sys, time
 from pathlib import Path
-from deploykit.boards import load_board
-from deploykit.runners.serial_port import PicoRunner
+from deploykit.readers.boards import load_board
+from deploykit.run.runners.serial_port import PicoRunner
 query, coordinator, place_timeout, elf, out, log = sys.argv[1:7]
 with open(log, "w", buffering=1) as f:
     def progress(message):
@@ -110,7 +110,7 @@ def image(tmp_path) -> Path:
 
 
 def runner(farm, place: str, **kw):
-    from deploykit.runners.serial_port import PicoRunner
+    from deploykit.run.runners.serial_port import PicoRunner
 
     return PicoRunner(
         {"kind": "pico"}, board=load_board("pico2"), place=place, coordinator=farm.address, **kw
@@ -203,7 +203,7 @@ def test_a_block_device_drive_goes_to_labgrids_storage_driver(farm, image, tmp_p
     labgrid's USBStorageDriver, built from the held place as labgrid-client builds it. It
     reaches the exporter over SSH, which this machine does not serve: the run fails there,
     naming the drive, and the place is released."""
-    from deploykit.flashers import FlashError
+    from deploykit.run.flashers import FlashError
 
     with pytest.raises(FlashError) as err:
         runner(farm, BLOCK_PLACE).run(image, tmp_path / "out", timeout_s=30)
@@ -226,7 +226,7 @@ def test_a_tag_query_takes_a_free_place(farm, image, tmp_path):
 
 
 def test_a_busy_place_times_out_naming_its_holder(farm, image, tmp_path):
-    from deploykit.farm.session import FarmError
+    from deploykit.run.farm.session import FarmError
 
     farm.lg("-p", "lab/pico2-3", "acquire")
     holder = farm.holders()["lab/pico2-3"]
@@ -239,13 +239,13 @@ def test_a_busy_place_times_out_naming_its_holder(farm, image, tmp_path):
 
 
 def test_unknown_place_and_no_coordinator_are_clear_errors(farm, image, tmp_path, monkeypatch):
-    from deploykit.farm.session import FarmError
+    from deploykit.run.farm.session import FarmError
 
     with pytest.raises(FarmError, match="has no place lab/pico2-9") as err:
         runner(farm, "lab/pico2-9").run(image, tmp_path / "out")
     assert "lab/pico2-3 (pico2)" in err.value.hint
     monkeypatch.delenv("LG_COORDINATOR", raising=False)
-    from deploykit.runners.serial_port import PicoRunner
+    from deploykit.run.runners.serial_port import PicoRunner
 
     with pytest.raises(FarmError, match="No labgrid coordinator"):
         PicoRunner({"kind": "pico"}, board=load_board("pico2"), place="lab/pico2-3").run(
@@ -365,8 +365,8 @@ def test_deploykit_run_place_builds_flashes_reads_and_compares(farm, tmp_path):
     """The whole command on the farm: export, build (pico-sdk), acquire, flash, read, compare,
     release. The stand-in answers with the export's own reference outputs, then with outputs
     off by 0.5, which the comparison must catch."""
-    from deploykit.errors import DeployKitError
-    from deploykit.sources import load_workspace
+    from deploykit.readers.sources import load_workspace
+    from deploykit.util.errors import DeployKitError
 
     try:
         ws = load_workspace(None)

@@ -15,8 +15,8 @@ import json
 import pytest
 
 from deploykit import api
-from deploykit import fit as fitting
-from deploykit.errors import ExitCode
+from deploykit.memory import fit as fitting
+from deploykit.util.errors import ExitCode
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
 
 pytestmark = [requires_toolchain, requires_cmake, requires_qemu, requires_sources]

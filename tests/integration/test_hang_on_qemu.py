@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from deploykit import api
-from deploykit.api import resolve_flow
-from deploykit.boards import load_board
-from deploykit.errors import ExitCode
-from deploykit.pipeline import FirmwareVariant, build_firmware
+from deploykit.pipeline.chains import FirmwareVariant, build_firmware
+from deploykit.pipeline.target import resolve_target
 from deploykit.profiling.stage import trace_definitions
-from deploykit.profiling.trace import program_instructions
-from deploykit.protocol.error_codes import BY_NAME
-from deploykit.runners import runner_for_board
+from deploykit.readers.boards import load_board
+from deploykit.readers.protocol.error_codes import BY_NAME
+from deploykit.readers.trace import program_instructions
+from deploykit.run.runners import runner_for_board
+from deploykit.util.errors import ExitCode
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
 
 pytestmark = [requires_toolchain, requires_cmake, requires_qemu]
@@ -120,9 +120,8 @@ def test_hang_inside_execute_names_the_operator_position(tmp_path):
         "DK_RUNNER_HANG_AT_OP": str(HANG_AT_OP),
     }
     built = build_firmware(
-        board,
+        resolve_target(board),
         "tiny_cnn",
-        resolve_flow(board, None),
         tmp_path,
         None,
         lambda _msg: None,

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.errors import ExportError
-from deploykit.export import ExportResult, export
 from deploykit.flows.base import NOTES_NAME, ExportOptions
-from deploykit.models import load_model
-from deploykit.op_coverage import kernel_tables
+from deploykit.program.export import ExportResult, export
+from deploykit.program.models import load_model
+from deploykit.readers.op_coverage import kernel_tables
+from deploykit.util.errors import ExportError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -30,9 +30,8 @@ import pytest
 import yaml
 
 from deploykit import api
-from deploykit.boards import load_board
-from deploykit.errors import ExitCode
-from deploykit.npu import npu_config
+from deploykit.readers.boards import load_board
+from deploykit.util.errors import ExitCode
 from tests.markers import (
     requires_cmake,
     requires_ethos_u_sources,
@@ -117,7 +116,7 @@ def test_an_npu_address_that_faults_is_reported_not_fatal(tmp_path):
 def test_a_delegate_without_its_backend_is_a_clear_record(no_npu_run, tmp_path):
     """The same program and generated files, linked without EthosUBackend (DK_ETHOS_U=OFF)."""
     from deploykit.families import family_of
-    from deploykit.runners import QemuRunner
+    from deploykit.run.runners import QemuRunner
 
     _, out = no_npu_run
     cache = (out / "firmware" / "CMakeCache.txt").read_text().splitlines()
@@ -194,8 +193,8 @@ def _region(board, addr, size=1):
 def test_npu_elf_links_the_backend_the_irq_and_the_memory_mode(case, tmp_path):
     board_name, model, mode = case
     built = api.build(board_name, model, out=tmp_path, npu_memory_mode=mode)
-    board = api.load_board_with(board_name, npu_memory_mode=mode)
-    npu = npu_config(board)
+    board = api.target(board_name, npu_memory_mode=mode).board
+    npu = board.npu
     layout = npu.layout
     plan = built.planned.plan
     syms, sections = _symbols(built.firmware.elf)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from deploykit.boards import repo_root
+from deploykit.readers.boards import repo_root
 
 
 def test_small_opt_three_way(tmp_path):

@@ -16,12 +16,12 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from deploykit import api
-from deploykit.boards import load_board
-from deploykit.errors import DeployKitError
+from deploykit.build.render import render_board_files
 from deploykit.families import get_family
-from deploykit.render import render_board_files
-from deploykit.sources import load_workspace, require_projects
-from deploykit.uf2 import check_uf2
+from deploykit.readers.boards import load_board
+from deploykit.readers.sources import load_workspace, require_projects
+from deploykit.readers.uf2 import check_uf2
+from deploykit.util.errors import DeployKitError
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
 
 
@@ -134,8 +134,8 @@ def test_fit_by_proxy_without_a_board(tmp_path_factory, monkeypatch):
     """`build --fit` with no Pico 2 attached measures on the board file's proxy (qemu-an505,
     built with the Pico's softfp flags and runtime options) and links the Pico image at those
     peaks plus margin plus the SDK's stack (docs/memory.md, Fit by proxy)."""
-    from deploykit.errors import EnvironmentProblem
-    from deploykit.runners import RUNNERS
+    from deploykit.run.runners import RUNNERS
+    from deploykit.util.errors import EnvironmentProblem
 
     def nothing_attached(self):
         raise EnvironmentProblem("No pico2 is connected: none found.", "plug it in")
@@ -161,7 +161,7 @@ def test_fit_by_proxy_without_a_board(tmp_path_factory, monkeypatch):
     assert (out / "fit" / "proxy" / "run").is_dir()
     # the Pico image is linked at the peaks + margin (+ the SDK's stack)
     extra = board.raw["proxy"]["extra_stack"]
-    from deploykit import fit as fitting
+    from deploykit.memory import fit as fitting
 
     assert record.fitted["stack"] == fitting.fitted_stack(record.peaks["stack"]) + extra
     fw = built.firmware
@@ -199,8 +199,8 @@ def _static_ram_and_code(fw) -> tuple[int, int]:
 def test_uart_console_without_tinyusb_fitted_by_proxy(tmp_path_factory, monkeypatch):
     """pico2-uart: stdio on UART0, no TinyUSB linked, fitted by proxy; the goals of issue 18
     (int8 mlp_mnist, size profile): static RAM <= 8 KiB and code <= 24 KiB."""
-    from deploykit.errors import EnvironmentProblem
-    from deploykit.runners import RUNNERS
+    from deploykit.run.runners import RUNNERS
+    from deploykit.util.errors import EnvironmentProblem
 
     def nothing_attached(self):
         raise EnvironmentProblem("No pico2-uart is connected: none found.", "plug it in")

@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.export import ETRECORD_NAME, export  # noqa: E402
-from deploykit.models import load_model  # noqa: E402
-from deploykit.profiles import PROFILES  # noqa: E402
+from deploykit.pipeline.profiles import PROFILES  # noqa: E402
 from deploykit.profiling.etdump import write_etdump  # noqa: E402
 from deploykit.profiling.intermediates import compare_intermediates  # noqa: E402
-from deploykit.profiling.trace import (  # noqa: E402
+from deploykit.program.export import ETRECORD_NAME, export  # noqa: E402
+from deploykit.program.models import load_model  # noqa: E402
+from deploykit.readers.protocol import decode  # noqa: E402
+from deploykit.readers.trace import (  # noqa: E402
     NATIVE_CALL_PREFIX,
     profile_from_records,
     program_instructions,
 )
-from deploykit.protocol import decode  # noqa: E402
 from tests.perturb import perturb_requantize_scale  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

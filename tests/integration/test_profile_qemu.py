@@ -9,7 +9,7 @@ import json
 import pytest
 
 from deploykit import api
-from deploykit.boards import load_board
+from deploykit.pipeline.target import resolve_target
 from deploykit.profiling.stage import debug_intermediates
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
 
@@ -96,19 +96,16 @@ def test_tiny_cnn_fp32_profile_on_an547(tmp_path):
 def test_debug_intermediates_names_the_operator_with_a_changed_scale(tmp_path):
     from tests.perturb import perturb_requantize_scale
 
-    board = load_board("qemu-an505")
-    clean = debug_intermediates(
-        board, "mlp_mnist", "cortex_m_int8", tmp_path, None, 120.0, lambda _m: None
-    )
+    target = resolve_target("qemu-an505", flow="cortex_m_int8")
+    clean = debug_intermediates(target, "mlp_mnist", tmp_path, None, 120.0, lambda _m: None)
     assert clean.intermediates.first_divergence is None
     assert len(clean.intermediates.rows) == 5
     # The device runs the same program with the second linear layer's output scale changed by
     # 20% after quantization; the host runs the export's.
     pte = (tmp_path / "export" / "model.pte").read_bytes()
     broken = debug_intermediates(
-        board,
+        target,
         "mlp_mnist",
-        "cortex_m_int8",
         tmp_path,
         None,
         120.0,

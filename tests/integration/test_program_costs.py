@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from deploykit import api
-from deploykit.errors import ConfigError
+from deploykit.util.errors import ConfigError
 
 
 def test_int8_autoencoder_costs(tmp_path):
     """The smallest MLPerf Tiny model stands for the four in CI (each export is ~30 s)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from deploykit.boards import repo_root
-    from deploykit.models import load_model
+    from deploykit.program.models import load_model
+    from deploykit.readers.boards import repo_root
 
     result = api.export("qemu-an505", "deep_autoencoder", "cortex_m_int8", tmp_path)
     info = api.inspect(result.pte_path)

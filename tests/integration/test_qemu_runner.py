@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import yaml
 
-from deploykit.errors import ConfigError, EnvironmentProblem, ExitCode, RunError
-from deploykit.protocol import FAULT_REGISTERS, decode
-from deploykit.runners import QemuRunner, RunResult, icount_instructions, runner_for_board
+from deploykit.readers.protocol import FAULT_REGISTERS, decode
+from deploykit.run.runners import QemuRunner, RunResult, icount_instructions, runner_for_board
+from deploykit.util.errors import ConfigError, EnvironmentProblem, ExitCode, RunError
 from tests.protocol_encoder import StreamEncoder
 
 REPO = Path(__file__).resolve().parents[2]

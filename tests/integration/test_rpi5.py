@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from deploykit import api
-from deploykit.boards import load_board, repo_root
-from deploykit.errors import ConfigError
-from deploykit.export import load_export
-from deploykit.render import ModelSources, render_board_files, render_model_files
+from deploykit.build.render import ModelSources, render_board_files, render_model_files
+from deploykit.program.export import load_export
+from deploykit.readers.boards import load_board, repo_root
+from deploykit.util.errors import ConfigError
 
 requires_aarch64_gcc = pytest.mark.skipif(
     shutil.which("aarch64-linux-gnu-gcc") is None,

@@ -27,12 +27,12 @@ from pathlib import Path
 import pytest
 
 from deploykit import api
-from deploykit.boards import load_board, repo_root
-from deploykit.errors import DeployKitError
 from deploykit.families import get_family
-from deploykit.runners import runner_for_board
-from deploykit.runners.process import free_port
-from deploykit.sources import load_workspace, require_projects
+from deploykit.readers.boards import load_board, repo_root
+from deploykit.readers.sources import load_workspace, require_projects
+from deploykit.run.runners import runner_for_board
+from deploykit.util.errors import DeployKitError
+from deploykit.util.process import free_port
 from tests.markers import requires_cmake
 
 

@@ -4,11 +4,11 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from deploykit import api
-from deploykit.boards import load_board
-from deploykit.errors import ExitCode, RunError
+from deploykit.build.render import render_board_files
 from deploykit.families import family_of
-from deploykit.render import render_board_files
-from deploykit.runners import runner_for_board
+from deploykit.readers.boards import load_board
+from deploykit.run.runners import runner_for_board
+from deploykit.util.errors import ExitCode, RunError
 from tests.markers import requires_cmake, requires_qemu, requires_toolchain
 
 pytestmark = [requires_toolchain, requires_cmake, requires_qemu]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.paths import DATA_ITEMS, checkout_root
+from deploykit.util.paths import DATA_ITEMS, checkout_root
 from tests.markers import requires_cmake, requires_qemu, requires_toolchain
 
 pytestmark = pytest.mark.slow

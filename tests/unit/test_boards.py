@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploykit.boards import available_boards, board_from_dict, load_board, parse_size
-from deploykit.errors import ConfigError
+from deploykit.readers.boards import available_boards, board_from_dict, load_board, parse_size
+from deploykit.util.errors import ConfigError
 
 
 def test_every_board_file_validates():

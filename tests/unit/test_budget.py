@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deploykit.protocol import budget
+from deploykit.readers.protocol import budget
 from tests.protocol_encoder import StreamEncoder
 
 

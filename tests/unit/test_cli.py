@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from deploykit.cli import main
-from deploykit.errors import ExitCode
+from deploykit.util.errors import ExitCode
 
 
 def _run(args, capsys):

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from deploykit.cli import build_parser, main
-from deploykit.paths import data_root, set_user_dir
+from deploykit.util.paths import data_root, set_user_dir
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -138,7 +138,7 @@ def test_a_missing_boards_dir_is_an_error(tmp_path, capsys):
 
 
 def test_models_search_path(tmp_path):
-    from deploykit.models import resolve_model_path
+    from deploykit.program.models import resolve_model_path
 
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "mine.py").write_text("def model(): ...\n")

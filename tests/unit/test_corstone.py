@@ -16,18 +16,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploykit import npu as npu_mod
-from deploykit.boards import _schema, board_from_dict, load_board
-from deploykit.errors import ConfigError, EnvironmentProblem, ExitCode, MemoryPlanError
-from deploykit.npu import (
+from deploykit.readers import npu as npu_mod
+from deploykit.readers.boards import _schema, board_from_dict, load_board
+from deploykit.readers.npu import (
     NPU_MACS,
     memory_mode_layout,
     npu_config,
     parse_target,
     with_npu_overrides,
 )
-from deploykit.runners import FvpRunner, runner_for_board
-from deploykit.runners.fvp import FVP_DIR_ENV
+from deploykit.run.runners import FvpRunner, runner_for_board
+from deploykit.run.runners.fvp import FVP_DIR_ENV
+from deploykit.util.errors import ConfigError, EnvironmentProblem, ExitCode, MemoryPlanError
 
 REPO = Path(__file__).resolve().parents[2]
 K, M = 1024, 1024 * 1024
@@ -296,8 +296,8 @@ def test_fvp_device_error_is_reported_as_such(fake_fvp, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_u85(tmp_path_factory):
-    from deploykit.export import export
-    from deploykit.models import load_model
+    from deploykit.program.export import export
+    from deploykit.program.models import load_model
 
     out = tmp_path_factory.mktemp("tiny-u85")
     settings = npu_config(load_board("corstone-320")).export_settings()
@@ -310,7 +310,7 @@ def test_vela_scratch_read_from_the_pte(tiny_u85):
         get_scratch_from_pte,
     )
 
-    from deploykit.inspect_pte import inspect_pte, parse_vela_stream
+    from deploykit.program.inspect import inspect_pte, parse_vela_stream
 
     info = inspect_pte(tiny_u85.pte_path)
     (d,) = info.delegates
@@ -327,7 +327,7 @@ def test_vela_scratch_read_from_the_pte(tiny_u85):
 
 def test_segments_and_partition_report(tiny_u85):
     from deploykit.api import describe_program, program_json
-    from deploykit.inspect_pte import inspect_pte
+    from deploykit.program.inspect import inspect_pte
 
     info = inspect_pte(tiny_u85.pte_path)
     kinds = [s.kind for s in info.segments]
@@ -350,7 +350,7 @@ def test_segments_and_partition_report(tiny_u85):
 def test_vela_estimate_per_delegate(tiny_u85):
     """Vela's cycle estimate is kept from the export and shown, labelled as an estimate."""
     from deploykit.api import describe_program, program_json
-    from deploykit.inspect_pte import inspect_pte
+    from deploykit.program.inspect import inspect_pte
 
     info = inspect_pte(tiny_u85.pte_path)
     est = info.delegates[0].vela_estimate
@@ -377,8 +377,8 @@ def test_vela_summary_first_label_wins():
 
 
 def test_npu_plan_places_scratch_by_memory_mode(tiny_u85):
-    from deploykit.inspect_pte import inspect_pte
-    from deploykit.plan import plan_memory
+    from deploykit.memory.plan import plan_memory
+    from deploykit.program.inspect import inspect_pte
 
     info = inspect_pte(tiny_u85.pte_path)
     plan = plan_memory(load_board("corstone-320"), info)
@@ -390,8 +390,8 @@ def test_npu_plan_places_scratch_by_memory_mode(tiny_u85):
 
 
 def test_fit_check_refuses_a_shrunken_sram(tiny_u85, tmp_path):
-    from deploykit.inspect_pte import inspect_pte
-    from deploykit.plan import plan_memory
+    from deploykit.memory.plan import plan_memory
+    from deploykit.program.inspect import inspect_pte
 
     data = _raw("corstone-320")
     for region in data["memory"]:
@@ -407,8 +407,8 @@ def test_fit_check_refuses_a_shrunken_sram(tiny_u85, tmp_path):
 
 
 def test_plan_refuses_a_pte_built_for_another_mac_count(tiny_u85):
-    from deploykit.inspect_pte import inspect_pte
-    from deploykit.plan import plan_memory
+    from deploykit.memory.plan import plan_memory
+    from deploykit.program.inspect import inspect_pte
 
     board = with_npu_overrides(load_board("corstone-320"), 512)
     with pytest.raises(ConfigError, match="ethos-u85-256.*ethos-u85-512"):
@@ -428,9 +428,9 @@ def test_every_board_with_an_npu_resolves():
 
 def test_npu_records_are_tied_to_their_delegate_and_vela_estimate(tiny_u85):
     """The run report pairs each device npu record with its delegate and Vela's estimate."""
-    from deploykit.inspect_pte import inspect_pte
-    from deploykit.protocol import NpuRun, RunRecords
-    from deploykit.run_report import npu_calls_of
+    from deploykit.program.inspect import inspect_pte
+    from deploykit.readers.protocol import NpuRun, RunRecords
+    from deploykit.run.report import npu_calls_of
 
     program = inspect_pte(tiny_u85.pte_path)
     estimate = program.delegates[0].vela_estimate.total_cycles

@@ -1,5 +1,5 @@
-"""The error table (tools/deploykit/protocol/errors.yaml): the generated C header, Python table
-and docs table agree with it; the host names every code and takes the failure class, the
+"""The error table (tools/deploykit/readers/protocol/errors.yaml): the generated C header, Python
+table and docs table agree with it; the host names every code and takes the failure class, the
 advice and the pool from the table, never from the message text; the selftest's deliberate
 error has its own code."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from deploykit import error_table
-from deploykit.errors import ExitCode
-from deploykit.protocol import decode
-from deploykit.protocol.error_codes import BY_NAME, CODES, label
-from deploykit.protocol.outcome import pool_too_small
+from deploykit.build import error_table
+from deploykit.readers.protocol import decode
+from deploykit.readers.protocol.error_codes import BY_NAME, CODES, label
+from deploykit.readers.protocol.outcome import pool_too_small
+from deploykit.util.errors import ExitCode
 from tests.protocol_encoder import StreamEncoder
 
 ROOT = Path(__file__).resolve().parents[2]

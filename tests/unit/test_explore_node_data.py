@@ -15,17 +15,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploykit import explore
-from deploykit.errors import ConfigError
-from deploykit.export import export
-from deploykit.inspect_pte import inspect_pte
-from deploykit.models import load_model
-from deploykit.profiles import PROFILES
+from deploykit.pipeline.profiles import PROFILES
+from deploykit.profiling import explore
 from deploykit.profiling.intermediates import compare_intermediates
 from deploykit.profiling.stage import DebugReport, ProfileReport
-from deploykit.profiling.trace import profile_from_records, program_instructions
-from deploykit.protocol import decode
-from deploykit.runners.qemu import DEFAULT_ICOUNT_SHIFT
+from deploykit.program.export import export
+from deploykit.program.inspect import inspect_pte
+from deploykit.program.models import load_model
+from deploykit.readers.protocol import decode
+from deploykit.readers.trace import profile_from_records, program_instructions
+from deploykit.run.runners.qemu import DEFAULT_ICOUNT_SHIFT
+from deploykit.util.errors import ConfigError
 from tests.perturb import perturb_requantize_scale
 from tests.unit.test_profiling import TINY_CNN_FP32
 

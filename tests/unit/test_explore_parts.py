@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from deploykit import explore, tool_env
 from deploykit.cli import main
-from deploykit.doctor import model_explorer_check
-from deploykit.errors import ConfigError, EnvironmentProblem, ExitCode
+from deploykit.profiling import explore
+from deploykit.readers.doctor import model_explorer_check
+from deploykit.util import tool_env
+from deploykit.util.errors import ConfigError, EnvironmentProblem, ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -185,8 +186,8 @@ def test_a_taken_port_is_refused(tools, tmp_path):
 def test_an_export_removes_a_previous_exports_tosa_files(tmp_path):
     """A CPU-only export into a directory an Ethos-U export used: the old delegate_<i>.tosa
     must go, or explore --tosa would show a graph that is not in this .pte."""
-    from deploykit.export import export
-    from deploykit.models import load_model
+    from deploykit.program.export import export
+    from deploykit.program.models import load_model
 
     stale = tmp_path / "delegate_0.tosa"
     stale.write_bytes(b"old")

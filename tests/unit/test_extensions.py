@@ -78,12 +78,10 @@ def test_installed_flow_and_family_are_usable_by_board_and_model_files(site, tmp
                      "def model():\n    return torch.nn.ReLU()\n"
                      "def example_inputs():\n    return (torch.ones(2),)\n")
     code = textwrap.dedent(f"""
-        from deploykit.api import resolve_flow
-        from deploykit.boards import load_board
-        from deploykit.families import family_of
-        from deploykit.models import load_model
-        b = load_board({str(board_file)!r})
-        print(family_of(b).name, resolve_flow(b, "extra_fp32"))
+        from deploykit.api import target
+        from deploykit.program.models import load_model
+        t = target({str(board_file)!r}, flow="extra_fp32")
+        print(t.family.name, t.flow.name)
         print(load_model({str(model)!r}, {str(REPO)!r}).tolerance_for("extra_fp32"))
     """)
     r = _run(site, "-c", code)

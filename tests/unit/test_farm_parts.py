@@ -9,13 +9,13 @@ import importlib.util
 import pytest
 import yaml
 
-from deploykit.boards import load_board
 from deploykit.cli import main
-from deploykit.errors import ConfigError, ExitCode
-from deploykit.farm.exporter_config import exporter_config
-from deploykit.farm.place_flash import choose
-from deploykit.farm.session import FarmError, PlaceInfo, PlaceQuery, PlaceResource
-from deploykit.flashers import FlashError
+from deploykit.readers.boards import load_board
+from deploykit.run.farm.exporter_config import exporter_config
+from deploykit.run.farm.place_flash import choose
+from deploykit.run.farm.session import FarmError, PlaceInfo, PlaceQuery, PlaceResource
+from deploykit.run.flashers import FlashError
+from deploykit.util.errors import ConfigError, ExitCode
 
 
 def test_place_query_is_a_name_or_tags():

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from deploykit import fit as fitting
-from deploykit.boards import load_board
-from deploykit.errors import MemoryPlanError
 from deploykit.families import get_family
-from deploykit.inspect_pte import ProgramInfo
-from deploykit.plan import MemoryPlan, Sizing
+from deploykit.memory import fit as fitting
+from deploykit.memory.plan import MemoryPlan, Sizing
+from deploykit.pipeline.target import resolve_target
+from deploykit.program.inspect import ProgramInfo
+from deploykit.readers.boards import load_board
+from deploykit.util.errors import MemoryPlanError
 
 PEAKS = {"method_pool": 1752, "temp_pool": 165, "planned_pool": 816, "stack": 1432, "heap": 0}
 
@@ -61,14 +62,15 @@ def test_record_from_a_run_and_its_sizing():
 
 def test_store_round_trip_and_keys(tmp_path):
     board = load_board("qemu-an505")
-    options = fitting.fit_options(_program(), board, {"DK_ET_LOGGING": "OFF"})
+    options = fitting.fit_options(_program(), resolve_target(board), {"DK_ET_LOGGING": "OFF"})
     key = fitting.fit_key(options)
     # the key moves with the .pte, the build options and the CPU flags
-    assert fitting.fit_key(fitting.fit_options(_program("cd" * 32), board, {})) != key
-    assert fitting.fit_key(fitting.fit_options(_program(), board,
+    target = resolve_target(board)
+    assert fitting.fit_key(fitting.fit_options(_program("cd" * 32), target, {})) != key
+    assert fitting.fit_key(fitting.fit_options(_program(), target,
                                                {"DK_ET_LOGGING": "ON"})) != key
     other = dataclasses.replace(board, cpu={**board.cpu, "gcc_flags": ["-mcpu=cortex-m33"]})
-    assert fitting.fit_key(fitting.fit_options(_program(), other,
+    assert fitting.fit_key(fitting.fit_options(_program(), resolve_target(other),
                                                {"DK_ET_LOGGING": "OFF"})) != key
     assert options["firmware_sources"] == fitting.firmware_sources_hash(get_family("mps"))
     mps, rp2350 = get_family("mps"), get_family("rp2350")
@@ -118,7 +120,7 @@ def test_measurement_pools_are_generous_but_fit_the_region():
     s = fitting.measurement_sizing(board, _program(), headroom=4 * 1024 * 1024)
     assert s.method_pool >= 64 * 1024 and s.temp_pool >= 64 * 1024 and s.source == "given"
     # little room: the estimates plus at most half the headroom between them
-    from deploykit.plan import estimate_pools
+    from deploykit.memory.plan import estimate_pools
 
     method, temp, _, _ = estimate_pools(_program())
     small = fitting.measurement_sizing(board, _program(), headroom=8 * 1024)
@@ -146,7 +148,7 @@ def test_run_checks():
 def test_render_of_pool_sizes(tmp_path):
     import numpy as np
 
-    from deploykit.render import ModelSources, render_model_files
+    from deploykit.build.render import ModelSources, render_model_files
 
     plan = MemoryPlan("qemu-an505", (), (), method_pool=1872, temp_pool=176,
                       planned_buffers=(816,))
@@ -159,8 +161,8 @@ def test_render_of_pool_sizes(tmp_path):
 
 
 def test_render_of_a_fitted_stack_and_heap(tmp_path):
-    from deploykit.pipeline import _sized_board, _stack_heap_source
-    from deploykit.render import render_board_files
+    from deploykit.build.render import render_board_files
+    from deploykit.pipeline.chains import _sized_board, _stack_heap_source
 
     board = load_board("qemu-an505")
     plain = render_board_files(board, tmp_path / "plain")

@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 from serial.tools.list_ports_common import ListPortInfo
 
-from deploykit.boards import load_board
-from deploykit.errors import ConfigError, ExitCode
-from deploykit.flashers import (
+from deploykit.readers.boards import load_board
+from deploykit.run.flashers import (
     FLASHERS,
     FlashError,
     FlashImage,
@@ -37,6 +36,7 @@ from deploykit.flashers import (
     select,
     usb_devices,
 )
+from deploykit.util.errors import ConfigError, ExitCode
 
 INFO_RP2350 = "UF2 Bootloader v1.0\nModel: Raspberry Pi RP2350\nBoard-ID: RP2350\n"
 INFO_RP2040 = "UF2 Bootloader v3.0\nModel: Raspberry Pi RP2\nBoard-ID: RPI-RP2\n"
@@ -341,8 +341,8 @@ def test_missing_image_and_boards_without_flashers(host, board, tmp_path):
 
 
 def test_the_pico_runner_says_when_no_board_is_connected(host, board):
-    from deploykit.errors import EnvironmentProblem
-    from deploykit.runners import runner_for_board
+    from deploykit.run.runners import runner_for_board
+    from deploykit.util.errors import EnvironmentProblem
 
     runner = runner_for_board(board, env=host.env)
     with pytest.raises(EnvironmentProblem) as exc:

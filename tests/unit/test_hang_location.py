@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from deploykit.runners.hang import CodeLocation, ElfLocator, HangLocation, parse_registers
+from deploykit.run.runners.hang import CodeLocation, ElfLocator, HangLocation, parse_registers
 
 INFO_REGISTERS = """
 CPU#0
@@ -93,9 +93,9 @@ def test_operator_position_from_the_events_and_the_embedded_program(tmp_path):
     import torch
     from executorch.exir import to_edge
 
-    from deploykit.profiling.trace import program_instructions
-    from deploykit.protocol.records import TraceEvent
-    from deploykit.runners.hang import embedded_program, operator_position
+    from deploykit.readers.protocol.records import TraceEvent
+    from deploykit.readers.trace import program_instructions
+    from deploykit.run.runners.hang import embedded_program, operator_position
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     exported = torch.export.export(model.eval(), (torch.zeros(1, 4),))

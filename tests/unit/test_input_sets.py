@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from deploykit.errors import ConfigError
-from deploykit.input_sets import load_input_sets
+from deploykit.program.input_sets import load_input_sets
+from deploykit.util.errors import ConfigError
 
 EXAMPLE = (torch.zeros(1, 4),)
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploykit.boards import board_from_dict, load_board
-from deploykit.errors import ConfigError, ExitCode
 from deploykit.families import family_of
 from deploykit.families.linux_runtime import runtime_key
-from deploykit.run_report import RunReport, report_json
-from deploykit.runners import runner_class, runner_for_board
-from deploykit.runners.linux import LinuxRunner
+from deploykit.readers.boards import board_from_dict, load_board
+from deploykit.run.report import RunReport, report_json
+from deploykit.run.runners import runner_class, runner_for_board
+from deploykit.run.runners.linux import LinuxRunner
+from deploykit.util.errors import ConfigError, ExitCode
 
 COMMITS = {"executorch": "e4d02f41", "xnnpack": "1adaa7c7"}
 

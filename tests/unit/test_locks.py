@@ -1,4 +1,4 @@
-"""The --out lock (tools/deploykit/locks.py): nested stages of one command take it once, a
+"""The --out lock (tools/deploykit/util/locks.py): nested stages of one command take it once, a
 command that fails before writing leaves no directory, and another process waits for it,
 saying who holds it."""
 
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.locks import LOCK_NAME, out_lock
+from deploykit.util.locks import LOCK_NAME, out_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 OTHER = """
 import sys, time
 from pathlib import Path
-from deploykit.locks import out_lock
+from deploykit.util.locks import out_lock
 with out_lock(Path(sys.argv[1]), on_wait=lambda m: print("WAIT", m, flush=True)):
     print("GOT", time.monotonic(), flush=True)
 """

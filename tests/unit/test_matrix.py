@@ -8,8 +8,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from deploykit.cli import main
-from deploykit.errors import ConfigError, ExitCode
-from deploykit.matrix import MatrixRow, combinations, markdown, svg, table, to_json
+from deploykit.pipeline.matrix import MatrixRow, combinations, markdown, svg, table, to_json
+from deploykit.util.errors import ConfigError, ExitCode
 
 
 def test_combinations_keep_each_boards_allowed_flows():

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploykit.boards import load_board
-from deploykit.errors import ExitCode, MemoryPlanError
-from deploykit.plan import Sizing, plan_memory, with_estimate_margin
+from deploykit.memory.plan import Sizing, plan_memory, with_estimate_margin
+from deploykit.readers.boards import load_board
+from deploykit.util.errors import ExitCode, MemoryPlanError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def tiny_int8(tmp_path_factory):
 
 
 def _program(export):
-    from deploykit.inspect_pte import inspect_pte
+    from deploykit.program.inspect import inspect_pte
 
     return inspect_pte(export.pte_path)
 

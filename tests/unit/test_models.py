@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from deploykit.errors import ConfigError, ExitCode
-from deploykit.models import list_models, load_model, resolve_model_path
+from deploykit.program.models import list_models, load_model, resolve_model_path
+from deploykit.util.errors import ConfigError, ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -200,8 +200,8 @@ def test_bad_tolerance(tmp_path):
 
 
 def test_importing_export_is_cheap():
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import deploykit.export, "
-            "deploykit.models; print(sorted(m for m in ('torch', 'executorch', 'numpy') "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import deploykit.program.export, "
+            "deploykit.program.models; print(sorted(m for m in ('torch', 'executorch', 'numpy') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, str(REPO / "tools")], check=True,
                          capture_output=True, text=True).stdout.strip()

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.boards import load_board
-from deploykit.errors import ConfigError, EnvironmentProblem
-from deploykit.npu import (
+from deploykit.build.render import render_board_files, render_model_files
+from deploykit.memory.plan import MemoryPlan, PlanItem
+from deploykit.readers.boards import board_from_dict, load_board
+from deploykit.readers.npu import (
     npu_board_facts,
     npu_firmware_definitions,
     npu_placement,
     npu_plan_sizes,
     with_npu_overrides,
 )
-from deploykit.plan import MemoryPlan, PlanItem
-from deploykit.render import render_board_files, render_model_files
-from deploykit.sources import ProjectState, Workspace
+from deploykit.readers.sources import ProjectState, Workspace
+from deploykit.util.errors import ConfigError, EnvironmentProblem
 from tests.markers import requires_toolchain
 from tests.unit.test_render import _model_sources
 
@@ -51,12 +51,12 @@ def test_board_facts_pick_the_alias_of_the_firmwares_security_state():
                      "secure_enable": True, "privilege_enable": True}
     raw = {**c300.raw, "cpu": {**c300.raw["cpu"], "security": "non-secure"}}
     raw["npu"] = {k: v for k, v in raw["npu"].items() if k != "secure_enable"}
-    ns = dataclasses.replace(c300, cpu=raw["cpu"], raw=raw)
+    ns = board_from_dict(raw, c300.path)
     assert npu_board_facts(ns)["base"] == 0x48102000
     assert npu_board_facts(ns)["secure_enable"] is False
     raw["npu"] = {k: v for k, v in raw["npu"].items() if k != "ns_base"}
     with pytest.raises(ConfigError, match="ns_base"):
-        npu_board_facts(dataclasses.replace(c300, cpu=raw["cpu"], raw=raw))
+        npu_board_facts(board_from_dict(raw, c300.path))
     assert npu_board_facts(load_board("qemu-an547")) is None
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploykit.errors import ExitCode, OperatorCoverageError
-from deploykit.op_coverage import check_coverage, kernel_tables, model_line
+from deploykit.readers.op_coverage import check_coverage, kernel_tables, model_line
+from deploykit.util.errors import ExitCode, OperatorCoverageError
 
 REPO = Path(__file__).resolve().parents[2]
 

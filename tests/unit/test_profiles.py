@@ -11,17 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.boards import load_board, repo_root
 from deploykit.cli import build_parser
-from deploykit.errors import ConfigError
+from deploykit.families import family_of
 from deploykit.flows.base import ExportOptions
-from deploykit.profiles import (
+from deploykit.pipeline.profiles import (
     DEFAULT_PROFILE,
     PROFILES,
     get_profile,
     resolve_profile,
     soft_float_flags,
 )
+from deploykit.readers.boards import load_board, repo_root
+from deploykit.util.errors import ConfigError
 from tests.markers import requires_cmake, requires_sources
 
 RUNTIME_CMAKE = repo_root() / "cmake" / "ExecuTorchRuntime.cmake"
@@ -61,7 +62,7 @@ def test_every_profile_sets_every_variable_the_cmake_side_requires():
     required = _required_variables()
     assert set(required) >= {*RUNTIME_OPTIONS, *MODEL_SIDE_OPTIONS}
     for profile in PROFILES.values():
-        defs = profile.cmake_definitions(load_board("qemu-an505"))
+        defs = profile.cmake_definitions(family_of(load_board("qemu-an505")))
         assert set(required) <= set(defs), profile.name
         assert defs["DK_PROFILE"] == profile.name
         for flag in ("DK_ET_LOGGING", "DK_ET_PIC", "DK_LTO", "DK_ET_EXACT_KERNEL_REGISTRY",
@@ -125,9 +126,9 @@ def test_the_pico_gets_the_size_profile_like_the_mps_boards():
     # sources out of LTO and its printf wrappers and operator new/delete).
     size, reference = PROFILES["size"], PROFILES["reference"]
     for board in ("qemu-an505", "pico2", "pico2-uart"):
-        defs = size.cmake_definitions(load_board(board))
+        defs = size.cmake_definitions(family_of(load_board(board)))
         assert (defs["DK_LEAN_LIBC"], defs["DK_LTO"], defs["DK_ET_LOGGING"]) == ("ON", "ON", "OFF")
-        ref = reference.cmake_definitions(load_board(board))
+        ref = reference.cmake_definitions(family_of(load_board(board)))
         assert (ref["DK_LEAN_LIBC"], ref["DK_LTO"]) == ("OFF", "OFF")
 
 
@@ -135,12 +136,12 @@ def test_a_family_without_lto_turns_it_off(monkeypatch):
     from deploykit.families import get_family
 
     monkeypatch.setattr(type(get_family("rp2350")), "supports_lto", False)
-    assert PROFILES["size"].cmake_definitions(load_board("pico2"))["DK_LTO"] == "OFF"
-    assert PROFILES["size"].cmake_definitions(load_board("qemu-an505"))["DK_LTO"] == "ON"
+    assert PROFILES["size"].cmake_definitions(get_family("rp2350"))["DK_LTO"] == "OFF"
+    assert PROFILES["size"].cmake_definitions(get_family("mps"))["DK_LTO"] == "ON"
 
 
 def test_fixed_pools_pad_the_first_planned_buffer():
-    from deploykit.inspect_pte import ProgramInfo
+    from deploykit.program.inspect import ProgramInfo
 
     program = ProgramInfo(Path("x.pte"), 100, "forward", (), (), (3920, 64), (), (), 10, 3, 0)
     ref = PROFILES["reference"].fixed_program(program)
@@ -255,7 +256,7 @@ def test_only_the_models_primitive_operators_are_selected(tmp_path):
     prim-ops selective build and exactly those."""
     import sys
 
-    from deploykit.sources import load_workspace
+    from deploykit.readers.sources import load_workspace
 
     et = load_workspace().executorch_dir
     ops = tmp_path / "ops.yaml"

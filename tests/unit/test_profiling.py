@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from deploykit.profiling.chart import profile_svg
-from deploykit.profiling.trace import (
+from deploykit.readers.protocol import decode
+from deploykit.readers.protocol.records import RecordType
+from deploykit.readers.trace import (
     EXECUTE,
     Instruction,
     TraceError,
     kernel_of,
     profile_from_records,
 )
-from deploykit.protocol import decode
-from deploykit.protocol.records import RecordType
 from tests.protocol_encoder import StreamEncoder
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -248,9 +248,9 @@ def test_report_text_labels_vela_estimates_and_the_ram_cost(tmp_path):
 def test_a_board_without_an_event_clock_is_a_clear_error():
     import dataclasses
 
-    from deploykit.boards import load_board
-    from deploykit.errors import ConfigError
     from deploykit.profiling.stage import trace_definitions
+    from deploykit.readers.boards import load_board
+    from deploykit.util.errors import ConfigError
 
     board = load_board("qemu-an505")
     assert trace_definitions(board, intermediates=True) == {
@@ -269,8 +269,8 @@ def test_island_times_follow_program_costs_numbering():
     """program_costs numbers kernel and delegate calls over the chains in order; the
     profile's instructions are keyed (chain, index) with other instructions skipped."""
     from deploykit.profiling.stage import island_times
-    from deploykit.profiling.trace import Instruction, InstructionTime, Profile
-    from deploykit.program_costs import Island
+    from deploykit.program.costs import Island
+    from deploykit.readers.trace import Instruction, InstructionTime, Profile
 
     # Chain 0 has a non-call instruction at index 1 (absent from the program's calls).
     program = {(0, 0): Instruction("cortex_m::quantized_linear.out", "cortex_m"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import re
 
-from deploykit.progress import ProgressDisplay
+from deploykit.util.progress import ProgressDisplay
 
 
 def test_quiet_prints_nothing():

@@ -19,8 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from deploykit.errors import ExitCode
-from deploykit.protocol import (
+from deploykit.readers.protocol import (
     FAULT_REGISTERS,
     MAGIC,
     SCALAR_TYPES,
@@ -37,8 +36,9 @@ from deploykit.protocol import (
     Timing,
     decode,
 )
-from deploykit.protocol.error_codes import CODES
-from deploykit.protocol.records import Record
+from deploykit.readers.protocol.error_codes import CODES
+from deploykit.readers.protocol.records import Record
+from deploykit.util.errors import ExitCode
 from tests.protocol_encoder import StreamEncoder, encode_record, tensor_payloads, timing_payload
 
 # DK_FUZZ_EXAMPLES=5000 for a deep run; the default keeps the file under a few seconds.
@@ -634,7 +634,7 @@ U85_COUNTERS = {"sram_rd_beats": 1_234_567, "sram_wr_beats": 456_789, "ext_rd_be
 
 
 def test_npu_records_round_trip_in_order():
-    from deploykit.protocol import NpuRun
+    from deploykit.readers.protocol import NpuRun
 
     enc = StreamEncoder()
     data = (enc.hello(**HELLO) + enc.npu(0, 1_900_000, 2_100_000, U85_COUNTERS)
@@ -663,8 +663,8 @@ def test_firmware_npu_encoder_matches_the_decoder(tmp_path):
     """dk_protocol.c's dk_send_npu, compiled for the host, decoded by the host decoder."""
     import subprocess
 
-    from deploykit.boards import repo_root
-    from deploykit.protocol import NpuRun
+    from deploykit.readers.boards import repo_root
+    from deploykit.readers.protocol import NpuRun
 
     fw = repo_root() / "firmware"
     main = tmp_path / "main.c"

@@ -1,4 +1,4 @@
-"""Fit by proxy (proxy.py): a board that is not attached is measured on the simulated board its
+"""Fit by proxy (run/proxy.py): a board that is not attached is measured on the simulated board its
 board file names, built with the board's CPU/ABI flags; the record says where the peaks came
 from and adds the board's own runtime's stack."""
 
@@ -10,12 +10,13 @@ from typing import Any, ClassVar
 
 import pytest
 
-from deploykit import fit as fitting
-from deploykit import proxy as proxying
-from deploykit.boards import board_from_dict, load_board
-from deploykit.errors import ConfigError, EnvironmentProblem
-from deploykit.plan import plan_memory
-from deploykit.runners import RUNNERS, Runner
+from deploykit.memory import fit as fitting
+from deploykit.memory.plan import plan_memory
+from deploykit.pipeline.target import resolve_target
+from deploykit.readers.boards import board_from_dict, load_board
+from deploykit.run import proxy as proxying
+from deploykit.run.runners import RUNNERS, Runner
+from deploykit.util.errors import ConfigError, EnvironmentProblem
 from tests.unit.test_fit import PEAKS, _memory, _program
 
 
@@ -88,7 +89,7 @@ def fake_pico(monkeypatch):
 
 def test_no_board_attached_measures_on_the_proxy(fake_pico):
     said: list[str] = []
-    target = proxying.measure_target(load_board("pico2"), {"workspace": None}, said.append)
+    target = proxying.measure_target(resolve_target("pico2"), {"workspace": None}, said.append)
     assert target.proxy == "qemu-an505" and target.board.name == "qemu-an505"
     assert target.runner.kind == "qemu" and target.runner.is_simulator
     assert target.extra_stack == load_board("pico2").raw["proxy"]["extra_stack"]
@@ -101,16 +102,16 @@ def test_no_board_attached_measures_on_the_proxy(fake_pico):
 
 def test_an_attached_board_or_a_named_port_measures_on_the_board(fake_pico):
     fake_pico.attached = True
-    target = proxying.measure_target(load_board("pico2"), {}, lambda _m: None)
+    target = proxying.measure_target(resolve_target("pico2"), {}, lambda _m: None)
     assert target.proxy is None and target.board.name == "pico2" and target.extra_stack == 0
     fake_pico.attached = False
-    target = proxying.measure_target(load_board("pico2"), {"port": "/dev/ttyACM3"},
+    target = proxying.measure_target(resolve_target("pico2"), {"port": "/dev/ttyACM3"},
                                      lambda _m: None)
     assert target.proxy is None  # the user named a board: measure there (or fail there)
 
 
 def test_simulated_boards_measure_on_themselves():
-    target = proxying.measure_target(load_board("qemu-an505"), {}, lambda _m: None)
+    target = proxying.measure_target(resolve_target("qemu-an505"), {}, lambda _m: None)
     assert target.proxy is None and target.board.name == "qemu-an505"
     assert target.where == "measured on qemu-an505"
 
@@ -134,12 +135,13 @@ def test_a_proxy_record_adds_the_extra_stack_and_says_where():
 
 def test_the_fit_key_covers_the_proxy():
     board = load_board("pico2")
-    opts = fitting.fit_options(_program(), board, {})
+    opts = fitting.fit_options(_program(), resolve_target(board), {})
     assert opts["proxy"]["board"] == "qemu-an505"
     changed = _board_with({"proxy": {**board.raw["proxy"],
                                      "extra_stack": board.raw["proxy"]["extra_stack"] + 256}})
-    assert fitting.fit_key(fitting.fit_options(_program(), changed, {})) != fitting.fit_key(opts)
-    assert "proxy" not in fitting.fit_options(_program(), load_board("qemu-an505"), {})
+    changed_opts = fitting.fit_options(_program(), resolve_target(changed), {})
+    assert fitting.fit_key(changed_opts) != fitting.fit_key(opts)
+    assert "proxy" not in fitting.fit_options(_program(), resolve_target("qemu-an505"), {})
     # an older record (no measured_on) still loads and reads as measured on the target
     rec = dataclasses.replace(fitting.record_from_run("k", {}, board, "f", _memory(PEAKS), None))
     assert rec.source == "measured on the target"

@@ -6,9 +6,9 @@ import executorch  # noqa: F401  (a hard dependency: a broken install fails here
 import pytest
 import torch
 
-from deploykit.errors import ConfigError
-from deploykit.inspect_pte import inspect_pte
-from deploykit.pte_reader import load_program, method_plan, read_pte_info
+from deploykit.program.inspect import inspect_pte
+from deploykit.readers.pte_reader import load_program, method_plan, read_pte_info
+from deploykit.util.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_inspect_of_a_bad_file_starts_with_deploykit(tmp_path):
 def _env_with_state(tmp_path):
     import os
 
-    from deploykit.paths import data_root
+    from deploykit.util.paths import data_root
 
     tools = str(data_root() / "tools") if (data_root() / "tools").is_dir() else ""
     path = os.pathsep.join(p for p in (tools, os.environ.get("PYTHONPATH", "")) if p)

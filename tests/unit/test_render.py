@@ -5,9 +5,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from deploykit.boards import load_board
-from deploykit.plan import MemoryPlan
-from deploykit.render import ModelSources, render_board_files, render_model_files
+from deploykit.build.render import ModelSources, render_board_files, render_model_files
+from deploykit.memory.plan import MemoryPlan
+from deploykit.readers.boards import load_board
 from tests.markers import requires_toolchain
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.paths import checkout_root
+from deploykit.util.paths import checkout_root
 
 # How a citation of notes kept outside the repository would look: the notes' file name, or the
 # relative path to the directory beside the checkout. Written in pieces so that this file does

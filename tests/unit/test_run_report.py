@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from deploykit import api
-from deploykit.errors import ConfigError
-from deploykit.jsonable import to_jsonable
-from deploykit.run_report import set_statistics
-from deploykit.validate import Tolerance, compare_sets
+from deploykit.run.report import set_statistics
+from deploykit.run.validate import Tolerance, compare_sets
+from deploykit.util.errors import ConfigError
+from deploykit.util.jsonable import to_jsonable
 
 
 def _logits(cls: int) -> np.ndarray:

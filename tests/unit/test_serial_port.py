@@ -31,13 +31,12 @@ import pytest
 import serial
 from serial.tools.list_ports_common import ListPortInfo
 
-from deploykit.boards import load_board, repo_root
-from deploykit.errors import ConfigError, ExitCode, RunError
-from deploykit.protocol import DoneStatus
-from deploykit.protocol.budget import transcript_bytes
-from deploykit.protocol.error_codes import BY_NAME
-from deploykit.runners import RUNNERS, runner_for_board
-from deploykit.runners.serial_port import (
+from deploykit.readers.boards import load_board, repo_root
+from deploykit.readers.protocol import DoneStatus
+from deploykit.readers.protocol.budget import transcript_bytes
+from deploykit.readers.protocol.error_codes import BY_NAME
+from deploykit.run.runners import RUNNERS, runner_for_board
+from deploykit.run.runners.serial_port import (
     ACK,
     REQUEST,
     SYNC,
@@ -45,7 +44,8 @@ from deploykit.runners.serial_port import (
     SerialLink,
     read_board,
 )
-from deploykit.transport import cdc_ports, locate_port
+from deploykit.run.transport import cdc_ports, locate_port
+from deploykit.util.errors import ConfigError, ExitCode, RunError
 
 CC = shutil.which("cc") or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(CC is None, reason="no host C compiler (apt-get install gcc)")
@@ -521,7 +521,7 @@ def test_a_profiling_run_that_hangs_is_placed_in_its_program(standin, pico2, tmp
     import torch
     from executorch.exir import to_edge
 
-    from deploykit.profiling.trace import program_instructions
+    from deploykit.readers.trace import program_instructions
     from tests.unit.test_hang_location import _elf_with_program
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from deploykit.footprint import footprint
-from deploykit.sizes import POOL_SECTIONS, component_of, size_report
+from deploykit.readers.footprint import footprint
+from deploykit.readers.sizes import POOL_SECTIONS, component_of, size_report
 from tests.markers import requires_toolchain
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,7 +131,7 @@ def test_npu_components():
 def test_footprint_of_an_npu_image():
     """The temp pool and the Vela scratch are one block, peak = both peaks; the fast arena's
     peak is its size."""
-    from deploykit.sizes import SizeReport
+    from deploykit.readers.sizes import SizeReport
 
     sizes = SizeReport(flash_by_component={"NPU driver": 2000, "runner": 500},
                        ram_by_component={"method pool": 2048, "temp pool + Ethos-U scratch":

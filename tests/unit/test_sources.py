@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from deploykit import sources
-from deploykit.errors import ConfigError, EnvironmentProblem
-from deploykit.sources import SourceOverride, read_manifest
+from deploykit.readers import sources
+from deploykit.readers.sources import SourceOverride, read_manifest
+from deploykit.util.errors import ConfigError, EnvironmentProblem
 
 
 def _git(repo, *args):
@@ -171,7 +171,7 @@ def _ws_with_driver(tmp_path, upstream, driver_files, tag=None, rev=None):
 def test_driver_layouts_and_the_pinned_release(tmp_path, upstream):
     """Arm's repository at its 26.02 tag is the pin; the Zephyr module (same driver at the root,
     plus zephyr/module.yml naming hal_ethos_u) is accepted and reported, with a warning."""
-    from deploykit.doctor import ethos_u_checks
+    from deploykit.readers.doctor import ethos_u_checks
 
     arm = {f: "" for f in sources.DRIVER_FILES}
     ws, commit = _ws_with_driver(tmp_path / "a", upstream, arm, tag="26.02", rev="26.02")

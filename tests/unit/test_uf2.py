@@ -1,4 +1,4 @@
-"""The UF2 writer and checker (tools/deploykit/uf2.py), block by block against the format.
+"""The UF2 writer and checker (tools/deploykit/readers/uf2.py), block by block against the format.
 
 The ELFs here are built byte by byte (program headers only), so every layout the writer must
 handle is explicit: a flash image with an IMAGE_DEF, .data whose load address differs from its
@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from deploykit import uf2
-from deploykit.uf2 import Uf2Error, check_uf2, elf_to_uf2
+from deploykit.readers import uf2
+from deploykit.readers.uf2 import Uf2Error, check_uf2, elf_to_uf2
 
 # The UF2 specification (github.com/microsoft/uf2) and pico-sdk's boot/uf2.h.
 MAGIC0, MAGIC1, MAGIC_END = 0x0A324655, 0x9E5D5157, 0x0AB16F30
@@ -245,12 +245,12 @@ def test_write_uf2_writes_and_checks(elf, tmp_path):
 # ---- against picotool --------------------------------------------------------------------------
 
 def _picotool() -> str | None:
-    from deploykit.errors import DeployKitError
-    from deploykit.sources import load_workspace
+    from deploykit.readers.sources import load_workspace
+    from deploykit.util.errors import DeployKitError
 
     dirs = []
     try:
-        from deploykit.flashers.picotool import picotool_build_dir
+        from deploykit.readers.uf2 import picotool_build_dir
 
         dirs.append(picotool_build_dir(load_workspace()))
     except DeployKitError:

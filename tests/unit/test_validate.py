@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from deploykit.validate import Tolerance, compare_outputs, compare_sets
+from deploykit.run.validate import Tolerance, compare_outputs, compare_sets
 
 
 def test_identical_outputs_pass_with_exact_metrics():

@@ -3,6 +3,6 @@
 The CLI (`deploykit ...`) is a thin layer over these functions.
 """
 
-from .api import boards, build, doctor, export, inspect, plan, run, selftest, setup
+from deploykit.api import boards, build, doctor, export, inspect, plan, run, selftest, setup
 
 __all__ = ["boards", "build", "doctor", "export", "inspect", "plan", "run", "selftest", "setup"]

@@ -8,24 +8,21 @@ with the conventions every command shares (output directories, board defaults, p
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .boards import Board, available_boards, board_origin, load_board
-from .errors import ConfigError
-from .families import family_of
-from .flows import get_flow
-from .inspect_pte import ProgramInfo, inspect_pte
-from .locks import out_lock
-from .npu import npu_config, with_npu_overrides
-from .profiles import BuildProfile, resolve_profile
-from .sources import SourceOverride, Workspace
+from deploykit.families import family_of
+from deploykit.program.inspect import ProgramInfo, inspect_pte
+from deploykit.readers.boards import Board, available_boards, board_origin, load_board
+from deploykit.readers.sources import SourceOverride, Workspace
+from deploykit.util.errors import ConfigError, DeployKitError  # noqa: F401 (users catch these)
+from deploykit.util.locks import out_lock
 
 if TYPE_CHECKING:
-    from .explore import ExploreSession
-    from .tool_env import ToolEnv
+    from deploykit.pipeline.target import Target
+    from deploykit.profiling.explore import ExploreSession
+    from deploykit.util.tool_env import ToolEnv
 
 Progress = Callable[[str], None]
 
@@ -40,10 +37,14 @@ def boards() -> list[Board]:
 
 def boards_and_errors() -> tuple[list[Board], list[ConfigError]]:
     """Every board on the search path that loads, and the errors of those that do not."""
+    from deploykit.pipeline.target import check_board_flows
+
     loaded, errors = [], []
     for name in available_boards():
         try:
-            loaded.append(load_board(name))
+            board = load_board(name)
+            check_board_flows(board)
+            loaded.append(board)
         except ConfigError as exc:
             errors.append(exc)
     return loaded, errors
@@ -55,7 +56,7 @@ def describe_board(board: Board) -> str:
              f"  cpu {board.cpu['core']} ({' '.join(board.cpu_flags)}), family "
              f"{board.family}, runner {board.runner['kind']}, flows "
              f"{', '.join(board.export['allowed'])}"]
-    npu = npu_config(board)
+    npu = board.npu
     if npu is not None:
         lines.append(f"  npu {npu.target} at 0x{npu.base:08X} irq {npu.irq}, Vela "
                      f"{npu.system_config} / {npu.memory_mode} (modes: "
@@ -73,14 +74,14 @@ def describe_board(board: Board) -> str:
 
 
 def doctor(workspace: Path | None = None):
-    from .doctor import run_checks
+    from deploykit.readers.doctor import run_checks
 
     return run_checks(workspace)
 
 
 def setup(workspace: Path | None = None, sources: list[str] | None = None,
           progress: Progress = _quiet, groups: list[str] | None = None) -> Workspace:
-    from . import sources as src
+    from deploykit.readers import sources as src
 
     overrides = [SourceOverride.parse(s) for s in sources or []]
     return src.setup(workspace, overrides, progress, groups=groups)
@@ -100,7 +101,7 @@ def explore(pte: Path, port: int | None = None, open_browser: bool = True, *,
     the URL once the server answers. `profile` (profile.json) and `intermediates`
     (intermediates.json) overlay per-instruction time and error; with `auto_data` they are
     taken from the model's out directory when the .pte is <out>/export/*.pte."""
-    from .explore import explore as run
+    from deploykit.profiling.explore import explore as run
 
     return run(pte, port=port, open_browser=open_browser, tosa=tosa, node_data=node_data,
                profile=profile, intermediates=intermediates, auto_data=auto_data,
@@ -109,8 +110,8 @@ def explore(pte: Path, port: int | None = None, open_browser: bool = True, *,
 
 def explore_setup(wheels: Path | None = None,
                   progress: Callable[[str], None] | None = None) -> ToolEnv:
-    """Create Model Explorer's tool environment if there is none (deploykit.tool_env)."""
-    from .tool_env import ensure
+    """Create Model Explorer's tool environment if there is none (deploykit.util.tool_env)."""
+    from deploykit.util.tool_env import ensure
 
     return ensure(wheels=wheels, progress=progress)
 
@@ -172,7 +173,7 @@ def _describe_costs(info: ProgramInfo) -> list[str]:
 def program_json(info: ProgramInfo) -> dict:
     """`deploykit inspect --json`: ProgramInfo, plus `segments` in execution order with each
     delegate's facts inline, the CPU ops and the largest Vela scratch."""
-    from .jsonable import to_jsonable
+    from deploykit.util.jsonable import to_jsonable
 
     out = to_jsonable(info)
     segments = []
@@ -221,29 +222,15 @@ def default_out(board: str, model: str) -> Path:
     return Path("build") / Path(board).stem / Path(model).stem
 
 
-def resolve_flow(board: Board, flow: str | None) -> str:
-    flow = flow or board.export["default"]
-    if flow not in board.export["allowed"]:
-        raise ConfigError(f"Board {board.name} does not support the {flow} flow.",
-                          f"Allowed flows: {', '.join(board.export['allowed'])}.")
-    why_not = get_flow(flow).applies_to(board)
-    if why_not:
-        raise ConfigError(f"The {flow} flow cannot target board {board.name}: {why_not}.",
-                          f"Allowed flows: {', '.join(board.export['allowed'])}.")
-    return flow
+def target(board: str | Path | Board, *, flow: str | None = None, profile: str | None = None,
+           strict: bool = False, npu_macs: int | None = None,
+           npu_memory_mode: str | None = None, runner_options: dict | None = None) -> Target:
+    """What a command builds for, resolved and checked once (pipeline/target.py): the board as
+    compiled, its family, the flow, the build profile, the NPU settings and the runner."""
+    from deploykit.pipeline.target import resolve_target
 
-
-def load_board_with(board: str, npu_macs: int | None = None,
-                    npu_memory_mode: str | None = None) -> Board:
-    """The board, with --npu-macs / --npu-memory-mode applied to its `npu:` section (the one
-    field that Vela, the memory plan and the FVP all read)."""
-    return with_npu_overrides(load_board(board), npu_macs, npu_memory_mode)
-
-
-def _profile(board: Board, profile: str | None, strict: bool) -> BuildProfile:
-    """The resolved build profile, with --strict applied to its export options."""
-    resolved = resolve_profile(board, profile)
-    return dataclasses.replace(resolved, strict=True) if strict else resolved
+    return resolve_target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
+                          npu_memory_mode=npu_memory_mode, runner_options=runner_options)
 
 
 def export(board: str, model: str, flow: str | None = None, out: Path | None = None,
@@ -252,24 +239,35 @@ def export(board: str, model: str, flow: str | None = None, out: Path | None = N
            strict: bool = False):
     """`strict`: an operator the int8 lowering cannot take is an error, instead of being kept
     in float (automatic mixed precision of the cortex_m flow); and a program that still has an
-    island outside the flow's target kernels (program_costs.py) is refused, listing them
+    island outside the flow's target kernels (program/costs.py) is refused, listing them
     (int8 layout copies alone are no such island: they compute nothing)."""
-    from .pipeline import export_stage
+    from deploykit.pipeline.chains import export_stage
 
-    b = load_board_with(board, npu_macs, npu_memory_mode)
+    resolved = target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
+                      npu_memory_mode=npu_memory_mode)
     out = out or default_out(board, model)
     with out_lock(out):
-        result = export_stage(b, model, resolve_flow(b, flow), out, progress,
-                              profile=_profile(b, profile, strict))
+        result = export_stage(resolved, model, out, progress)
         if strict:
-            from .program_costs import refuse_fallbacks
-
-            refuse_fallbacks(result.pte_path, inspect_pte(result.pte_path).islands)
+            _refuse_fallbacks(result)
     return result
 
 
+def _strict_export(resolved: Target, model: str, out: Path, progress: Progress) -> None:
+    """--strict before a build: export (the build reuses it) and refuse its islands."""
+    from deploykit.pipeline.chains import export_stage
+
+    _refuse_fallbacks(export_stage(resolved, model, out, progress))
+
+
+def _refuse_fallbacks(result) -> None:
+    from deploykit.program.costs import refuse_fallbacks
+
+    refuse_fallbacks(result.pte_path, inspect_pte(result.pte_path).islands)
+
+
 def describe_export(result) -> str:
-    from .pipeline import describe_export as describe
+    from deploykit.pipeline.chains import describe_export as describe
 
     return describe(result)
 
@@ -280,37 +278,37 @@ def plan(board: str, model: str | None = None, flow: str | None = None, out: Pat
          profile: str | None = None, pte: Path | None = None, strict: bool = False):
     """The memory plan of `model` (exported first) or of an existing `.pte` on `board`; raises
     MemoryPlanError, naming the region, when it does not fit. Written to <out>/plan.json."""
-    from .pipeline import plan_pte, plan_stage
+    from deploykit.pipeline.chains import plan_pte, plan_stage
 
-    b = load_board_with(board, npu_macs, npu_memory_mode)
     if (model is None) == (pte is None):
         raise ConfigError("Plan a model or a .pte, one of them.",
                           "Give --model NAME (exported first) or --pte FILE.pte.")
+    resolved = target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
+                      npu_memory_mode=npu_memory_mode)
     if pte is not None:
-        return plan_pte(b, Path(pte), out, progress, profile=_profile(b, profile, strict))
+        return plan_pte(resolved, Path(pte), out, progress)
     out = out or default_out(board, model)
     with out_lock(out):
-        return plan_stage(b, model, resolve_flow(b, flow), out, progress,
-                          profile=_profile(b, profile, strict))
+        return plan_stage(resolved, model, out, progress)
 
 
 def build(board: str, model: str, flow: str | None = None, out: Path | None = None,
           workspace: Path | None = None, progress: Progress = _quiet,
           npu_macs: int | None = None, npu_memory_mode: str | None = None,
           profile: str | None = None, fit: bool = False, strict: bool = False):
-    """`profile`: a build profile name (deploykit.profiles; default: the board file's
+    """`profile`: a build profile name (deploykit.pipeline.profiles; default: the board file's
     `profile:`, else size). `fit`: measure the model on the board's runner first when no
     measurement is stored (<out>/fit.json), then link pools and stack at peak + margin.
     `strict`: as for export, checked before the build."""
-    from .pipeline import build_firmware
+    from deploykit.pipeline.chains import build_firmware
 
-    if strict:  # the build reuses this export
-        export(board, model, flow, out, progress, npu_macs, npu_memory_mode, profile, True)
-    b = load_board_with(board, npu_macs, npu_memory_mode)
+    resolved = target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
+                      npu_memory_mode=npu_memory_mode)
     out = out or default_out(board, model)
     with out_lock(out):
-        return build_firmware(b, model, resolve_flow(b, flow), out, workspace, progress,
-                              profile=_profile(b, profile, strict), fit=fit)
+        if strict:  # the build reuses this export
+            _strict_export(resolved, model, out, progress)
+        return build_firmware(resolved, model, out, workspace, progress, fit=fit)
 
 
 def run(board: str, model: str, flow: str | None = None, out: Path | None = None,
@@ -320,26 +318,23 @@ def run(board: str, model: str, flow: str | None = None, out: Path | None = None
         profile: str | None = None, fit: bool = False, atol: float | None = None,
         rtol: float | None = None, strict: bool = False):
     """Build, run on the board's runner, compare with the host. `inputs`: a directory of
-    samples (input_sets.py) run in one firmware run instead of the example inputs. `fit`: as
+    samples (program/input_sets.py) run in one firmware run instead of the example inputs. `fit`: as
     for build. `atol`/`rtol` override the model's tolerance. `runner_options`: options the
     board's runner declares (e.g. the Pico runner's port and probe; runners.runner_options)."""
-    from .pipeline import run_firmware
-    from .runners import runner_class
-    from .validate import Tolerance
+    from deploykit.pipeline.chains import run_firmware
+    from deploykit.run.validate import Tolerance
 
-    b = load_board_with(board, npu_macs, npu_memory_mode)
-    runner_class(b).check_options(b.name, runner_options or {})  # before the slow build
-    if strict:  # the build reuses this export
-        export(board, model, flow, out, progress, npu_macs, npu_memory_mode, profile, True)
+    resolved = target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
+                      npu_memory_mode=npu_memory_mode, runner_options=runner_options)
     tolerance = None
     if atol is not None or rtol is not None:
         tolerance = Tolerance(atol=atol or 0.0, rtol=rtol or 0.0)
     out = out or default_out(board, model)
     with out_lock(out):
-        return run_firmware(b, model, resolve_flow(b, flow), out, workspace, timeout, progress,
-                            runner_options=runner_options, inputs_dir=inputs,
-                            profile=_profile(b, profile, strict), fit=fit,
-                            tolerance=tolerance)
+        if strict:  # the build reuses this export
+            _strict_export(resolved, model, out, progress)
+        return run_firmware(resolved, model, out, workspace, timeout, progress,
+                            inputs_dir=inputs, fit=fit, tolerance=tolerance)
 
 
 def profile(board: str, model: str, flow: str | None = None, out: Path | None = None,
@@ -350,15 +345,13 @@ def profile(board: str, model: str, flow: str | None = None, out: Path | None = 
     """Per-operator profile of `model` on `board` (profiling/stage.py, docs/profiling.md):
     builds profiling firmware and the plain one, runs both, writes <out>/profile/. `strict`:
     as for export."""
-    from .profiling.stage import profile_model
-    from .runners import runner_class
+    from deploykit.profiling.stage import profile_model
 
-    b = load_board_with(board, npu_macs, npu_memory_mode)
-    runner_class(b).check_options(b.name, runner_options or {})  # before the slow build
+    resolved = target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
+                      npu_memory_mode=npu_memory_mode, runner_options=runner_options)
     out = out or default_out(board, model)
     with out_lock(out):
-        return profile_model(b, model, resolve_flow(b, flow), out, workspace, timeout, progress,
-                             runner_options, build_profile=_profile(b, profile, strict), fit=fit)
+        return profile_model(resolved, model, out, workspace, timeout, progress, fit=fit)
 
 
 def debug_intermediates(board: str, model: str, flow: str | None = None,
@@ -370,16 +363,14 @@ def debug_intermediates(board: str, model: str, flow: str | None = None,
                         rtol: float | None = None, strict: bool = False):
     """Every operator's device output against the host's, in execution order (`deploykit run
     --debug-intermediates`; profiling/stage.py, docs/profiling.md)."""
-    from .profiling.stage import debug_intermediates as debug
-    from .runners import runner_class
+    from deploykit.profiling.stage import debug_intermediates as debug
 
-    b = load_board_with(board, npu_macs, npu_memory_mode)
-    runner_class(b).check_options(b.name, runner_options or {})
+    resolved = target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
+                      npu_memory_mode=npu_memory_mode, runner_options=runner_options)
     out = out or default_out(board, model)
     with out_lock(out):
-        return debug(b, model, resolve_flow(b, flow), out, workspace, timeout, progress,
-                     runner_options, build_profile=_profile(b, profile, strict), fit=fit,
-                     atol=atol, rtol=rtol)
+        return debug(resolved, model, out, workspace, timeout, progress, fit=fit, atol=atol,
+                     rtol=rtol)
 
 
 def flash(board: str, *, model: str | None = None, image: Path | None = None,
@@ -389,10 +380,9 @@ def flash(board: str, *, model: str | None = None, image: Path | None = None,
     or .elf) with the first of the board's flashers that sees exactly one board."""
     from contextlib import suppress
 
-    from .errors import DeployKitError
-    from .flashers import FlashImage
-    from .flashers import flash as do_flash
-    from .sources import load_workspace
+    from deploykit.readers.sources import load_workspace
+    from deploykit.run.flashers import FlashImage
+    from deploykit.run.flashers import flash as do_flash
 
     b = load_board(board)
     if image is not None:
@@ -400,7 +390,7 @@ def flash(board: str, *, model: str | None = None, image: Path | None = None,
         elf, uf2 = image.with_suffix(".elf"), image.with_suffix(".uf2")
         uf2_family = family_of(b).uf2_family(b)
         if image.suffix == ".elf" and not uf2.exists() and uf2_family:
-            from .uf2 import write_uf2
+            from deploykit.readers.uf2 import write_uf2
 
             write_uf2(elf, uf2, family=uf2_family)
     elif model is not None:
@@ -422,7 +412,7 @@ def flash(board: str, *, model: str | None = None, image: Path | None = None,
 def monitor(board: str, *, port: str | None = None, timeout: float = 60.0,
             out: Path | None = None, progress: Progress = _quiet):
     """Find the board's serial port (USB VID/PID, or --port) and decode one run's results."""
-    from .runners.serial_port import MonitorReport, read_board
+    from deploykit.run.runners.serial_port import MonitorReport, read_board
 
     b = load_board(board)
     run_dir = (out or default_out(board, "monitor")) / "run"
@@ -435,7 +425,7 @@ def selftest(board: str, out: Path | None = None, workspace: Path | None = None,
     """Board support + protocol check without ExecuTorch; `variant` "fault", "stack-overflow",
     "error" or "hang" makes the firmware fail on purpose and checks the host classifies it so
     (a hang: timed out, and on QEMU located in dk_selftest_hang_site)."""
-    from .selftest import run_selftest
+    from deploykit.run.selftest import run_selftest
 
     b = load_board(board)
     out = out or default_out(board, f"selftest-{variant}")
@@ -446,7 +436,7 @@ def selftest(board: str, out: Path | None = None, workspace: Path | None = None,
 def farm_status(coordinator: str | None = None):
     """The places of a labgrid coordinator (`--coordinator` or LG_COORDINATOR): board kind,
     holder, and the outcome of deploykit's last run there (docs/farm.md)."""
-    from .farm.session import FarmSession
+    from deploykit.run.farm.session import FarmSession
 
     with FarmSession(coordinator) as session:
         return session.address, session.places()
@@ -465,8 +455,8 @@ def farm_exporter_config(board: str, serial: str, *, group: str | None = None,
                          probe: str | None = None, out: Path | None = None):
     """The labgrid exporter configuration of one board, from its board file; written to `out`
     (atomically) when given."""
-    from .farm.exporter_config import exporter_config
-    from .fsutil import write_atomic
+    from deploykit.run.farm.exporter_config import exporter_config
+    from deploykit.util.fsutil import write_atomic
 
     cfg = exporter_config(load_board(board), serial, group=group, probe=probe)
     if out is not None:
@@ -482,10 +472,10 @@ def matrix(boards: list[str] | None = None, models: list[str] | None = None,
     profile the filter selects (None: every board, every model, each board's allowed flows,
     the speed profile); writes matrix.json, matrix.md and matrix.svg to `out` (default
     build/matrix). Returns the rows (matrix.MatrixRow), one per combination."""
-    from .boards import repo_root
-    from .matrix import combinations, run_matrix, write_outputs
-    from .models import list_models, resolve_model_path
-    from .profiles import PROFILES
+    from deploykit.pipeline.matrix import combinations, run_matrix, write_outputs
+    from deploykit.pipeline.profiles import PROFILES
+    from deploykit.program.models import list_models, resolve_model_path
+    from deploykit.readers.boards import repo_root
 
     for name in profiles or []:
         if name not in PROFILES:

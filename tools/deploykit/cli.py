@@ -1,7 +1,7 @@
 """`deploykit` command line: parses arguments, calls the Python API, prints the result.
 
 Errors the user can act on are printed as one paragraph without a traceback and exit with
-the code of their failure class (deploykit.errors.ExitCode); `--debug` shows tracebacks.
+the code of their failure class (deploykit.util.errors.ExitCode); `--debug` shows tracebacks.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import api
-from .errors import ConfigError, DeployKitError, ExitCode
-from .flows import flow_names, registry
-from .jsonable import to_jsonable
-from .paths import set_user_dir
-from .profiles import DEFAULT_PROFILE, PROFILES
-from .progress import ProgressDisplay
-from .runners import runner_options
-from .thirdparty_log import route_third_party_logs
+from deploykit import api
+from deploykit.flows import flow_names, registry
+from deploykit.pipeline.profiles import DEFAULT_PROFILE, PROFILES
+from deploykit.run.runners import runner_options
+from deploykit.util.errors import ConfigError, DeployKitError, ExitCode
+from deploykit.util.jsonable import to_jsonable
+from deploykit.util.paths import set_user_dir
+from deploykit.util.progress import ProgressDisplay
+from deploykit.util.thirdparty_log import route_third_party_logs
 
 _EPILOG = """\
 typical use:
@@ -37,7 +37,7 @@ class _Output:
     def __init__(self, as_json: bool, quiet: bool = False) -> None:
         self.as_json = as_json
         self.quiet = quiet
-        # stderr: a live status line on a terminal, plain lines otherwise (progress.py).
+        # stderr: a live status line on a terminal, plain lines otherwise (util/progress.py).
         self.progress = ProgressDisplay(quiet=quiet)
 
     def close(self) -> None:
@@ -349,7 +349,7 @@ def _farm(args: argparse.Namespace, out: _Output) -> int:
 
 def _groups_help() -> str:
     """The optional project groups of west.yml and their projects, for `setup --group`."""
-    from .sources import read_manifest
+    from deploykit.readers.sources import read_manifest
 
     try:
         groups: dict[str, list[str]] = {}
@@ -363,7 +363,7 @@ def _groups_help() -> str:
 
 
 def _profiles_help() -> str:
-    """The profile table of `deploykit build --help`, from deploykit.profiles itself."""
+    """The profile table of `deploykit build --help`, from deploykit.pipeline.profiles itself."""
     return ("build profiles (--profile; a board file may set its default with `profile:`; "
             f"default {DEFAULT_PROFILE}; docs/profiles.md):\n\n"
             + "\n\n".join(p.describe() for p in PROFILES.values()))
@@ -465,7 +465,7 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         out.result(report, report.summary())
         return 0 if report.ok else int(report.exit_code)
     if cmd == "matrix":
-        from .matrix import table
+        from deploykit.pipeline.matrix import table
 
         rows = api.matrix(args.boards, args.models, args.flows, args.profiles, args.out,
                           args.workspace, args.jobs, progress=out.progress)

@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 
-from .boards import Board, load_board
-from .errors import DeployKitError
-from .protocol import RunRecords
+from deploykit.readers.boards import Board, load_board
+from deploykit.readers.protocol import RunRecords
+from deploykit.util.errors import DeployKitError
 
 _RECORD_TYPES = {"hello", "tensor", "timing", "memory", "error", "fault", "done", "log"}
 
@@ -105,12 +105,10 @@ def board(request: pytest.FixtureRequest) -> Board:
         pytest.skip("no target board: run with --board NAME (see `deploykit boards`)")
     try:
         b = load_board(name)
-        from .pipeline import resolve_runner_options
-        from .runners import runner_for_board
+        from deploykit.pipeline.target import resolve_target
 
-        options = resolve_runner_options(b, _runner_options(request.config), None,
-                                         lambda _m: None)
-        runner_for_board(b, **options).check_environment()
+        resolved = resolve_target(b, runner_options=_runner_options(request.config))
+        resolved.make_runner(None, lambda _m: None).check_environment()
     except DeployKitError as exc:
         pytest.skip(f"board {name} is not usable here: {exc.cause} {exc.hint}".strip())
     return b
@@ -126,22 +124,23 @@ def deployed(board: Board, request: pytest.FixtureRequest,
         out = tmp_path_factory.mktemp(f"{board.name}-{model or firmware}-{variant}")
         try:
             if firmware == "selftest":
-                from .pipeline import resolve_runner_options
-                from .selftest import run_selftest
+                from deploykit.pipeline.target import resolve_target
+                from deploykit.run.selftest import run_selftest
 
-                options = resolve_runner_options(board, _runner_options(request.config), None,
-                                                 lambda _m: None)
+                options = resolve_target(
+                    board, runner_options=_runner_options(request.config)).runner_kwargs(
+                    None, lambda _m: None)
                 report = run_selftest(board, out, timeout, lambda _m: None, variant, options)
                 records = report.records
             else:
                 if model is None:
                     raise ValueError("deployed(model=...) needs a model")
-                from .api import resolve_flow
-                from .pipeline import run_firmware
+                from deploykit.pipeline.chains import run_firmware
+                from deploykit.pipeline.target import resolve_target
 
-                report = run_firmware(board, model, resolve_flow(board, flow), out, None,
-                                      timeout, lambda _m: None,
-                                      _runner_options(request.config))
+                resolved = resolve_target(board, flow=flow,
+                                          runner_options=_runner_options(request.config))
+                report = run_firmware(resolved, model, out, None, timeout, lambda _m: None)
                 records = report.records
         except DeployKitError as exc:
             if "sources not available" in exc.cause:

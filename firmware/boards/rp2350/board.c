@@ -53,7 +53,7 @@ _Static_assert(DK_TIMER_HZ == 1000000u, "pico-timer runs at 1 MHz (time_us_64)")
 
 /* The transcript holds one whole run. The runner's is sized from its model: model_config.h's
  * DK_RESULT_BYTES counts what the run sends (hello, the outputs, timing, memory, done) plus
- * room for an error or a fault report (tools/deploykit/protocol/budget.py). Firmware without
+ * room for an error or a fault report (tools/deploykit/readers/protocol/budget.py). Firmware without
  * a model (the self-test) takes the board file's serial.transcript_bytes. */
 #if defined(__has_include)
 #if __has_include("model_config.h")

@@ -11,11 +11,11 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
-from ..plugins import load_plugins
+from deploykit.util.errors import ConfigError
+from deploykit.util.plugins import load_plugins
 
 if TYPE_CHECKING:
-    from .base import BoardFamily
+    from deploykit.families.base import BoardFamily
 
 ENTRY_POINT_GROUP = "deploykit.families"
 BUILTIN_FAMILIES = {
@@ -27,7 +27,7 @@ BUILTIN_FAMILIES = {
 
 @cache
 def registry() -> dict[str, BoardFamily]:
-    from .base import BoardFamily
+    from deploykit.families.base import BoardFamily
 
     return load_plugins(ENTRY_POINT_GROUP, BUILTIN_FAMILIES, BoardFamily, "board family")
 

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from ..errors import ConfigError
+from deploykit.util.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..boards import Board
-    from ..firmware_build import Firmware
-    from ..sources import Workspace
+    from deploykit.build.firmware import Firmware
+    from deploykit.readers.boards import Board
+    from deploykit.readers.sources import Workspace
 
 Progress = Callable[[str], None]
 
@@ -31,13 +31,13 @@ class BoardFamily(abc.ABC):
     # False: an SDK's (its crt0, printf, malloc and exit wrappers).
     owns_c_runtime: ClassVar[bool] = True
     # Directories under firmware/ that a runner image of this family is built from, besides
-    # the runner, the protocol encoder and the shared board API (fit.py keys measurements
+    # the runner, the protocol encoder and the shared board API (memory/fit.py keys measurements
     # on their contents).
     firmware_dirs: ClassVar[tuple[str, ...]]
     runners: ClassVar[tuple[str, ...]]  # runner kinds (runners.RUNNERS) its boards may use
-    # Whether its firmware links with LTO when the build profile asks for it (profiles.py);
+    # Whether its firmware links with LTO when the build profile asks for it (pipeline/profiles.py);
     # False turns a profile's DK_LTO off for its boards, so that a proxy measurement
-    # (proxy.py) builds with the same runtime options as the board.
+    # (run/proxy.py) builds with the same runtime options as the board.
     supports_lto: ClassVar[bool] = True
     # Sections of the board file its boards must have, beyond the common ones.
     required_sections: ClassVar[tuple[str, ...]] = ()

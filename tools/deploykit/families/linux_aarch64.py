@@ -9,18 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..boards import repo_root
-from ..cmake_driver import cmake_build
-from ..errors import BuildError
-from ..firmware_build import Firmware
-from ..sizes import size_report
-from ..sources import load_workspace, require_projects
-from .base import BoardFamily, Progress
-from .linux_runtime import build_runtime, toolchain_file
+from deploykit.build.cmake import cmake_build
+from deploykit.build.firmware import Firmware
+from deploykit.families.base import BoardFamily, Progress
+from deploykit.families.linux_runtime import build_runtime, toolchain_file
+from deploykit.readers.boards import repo_root
+from deploykit.readers.sizes import size_report
+from deploykit.readers.sources import load_workspace, require_projects
+from deploykit.util.errors import BuildError
 
 if TYPE_CHECKING:
-    from ..boards import Board
-    from ..sources import Workspace
+    from deploykit.readers.boards import Board
+    from deploykit.readers.sources import Workspace
 
 # The workspace projects the runtime is built from (west.yml group xnnpack), whose commits key
 # the cached runtime.

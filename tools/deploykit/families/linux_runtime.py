@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..boards import repo_root
-from ..cmake_driver import _run_logged
-from ..doctor import require_tools
-from ..fsutil import write_atomic
+from deploykit.build.cmake import _run_logged
+from deploykit.readers.boards import repo_root
+from deploykit.readers.doctor import require_tools
+from deploykit.util.fsutil import write_atomic
 
 # ExecuTorch options of the runtime: the XNNPACK delegate (without Arm's KleidiAI kernels, which
 # XNNPACK would download at configure time), the file data loader, and nothing else (no

@@ -7,14 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..boards import repo_root
-from ..cmake_driver import cmake_build
-from ..firmware_build import Firmware, built_image, toolchain_file
-from ..sizes import size_report
-from .base import BoardFamily, Progress
+from deploykit.build.cmake import cmake_build
+from deploykit.build.firmware import Firmware, built_image, toolchain_file
+from deploykit.families.base import BoardFamily, Progress
+from deploykit.readers.boards import repo_root
+from deploykit.readers.sizes import size_report
 
 if TYPE_CHECKING:
-    from ..boards import Board
+    from deploykit.readers.boards import Board
 
 
 class MpsFamily(BoardFamily):

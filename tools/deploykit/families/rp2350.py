@@ -1,5 +1,5 @@
 """Raspberry Pi RP2350 boards (Pico 2): built through the official pico-sdk (firmware/pico/),
-which owns the C runtime; images are ELF and UF2 (written and checked by deploykit, uf2.py);
+which owns the C runtime; images are ELF and UF2 (written and checked by deploykit, readers/uf2.py);
 flashed over USB or SWD and read over USB CDC (docs/pico2.md)."""
 
 from __future__ import annotations
@@ -8,17 +8,17 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..boards import repo_root
-from ..cmake_driver import cmake_build
-from ..firmware_build import Firmware, built_image, check_fit, memory_fit, toolchain_file
-from ..fsutil import write_if_changed
-from ..sizes import size_report
-from ..sources import load_workspace, require_projects
-from .base import BoardFamily, Progress
+from deploykit.build.cmake import cmake_build
+from deploykit.build.firmware import Firmware, built_image, check_fit, memory_fit, toolchain_file
+from deploykit.families.base import BoardFamily, Progress
+from deploykit.readers.boards import repo_root
+from deploykit.readers.sizes import size_report
+from deploykit.readers.sources import load_workspace, require_projects
+from deploykit.util.fsutil import write_if_changed
 
 if TYPE_CHECKING:
-    from ..boards import Board
-    from ..sources import Workspace
+    from deploykit.readers.boards import Board
+    from deploykit.readers.sources import Workspace
 
 
 class Rp2350Family(BoardFamily):
@@ -44,8 +44,7 @@ class Rp2350Family(BoardFamily):
                     progress: Progress | None = None) -> Firmware:
         """Build through firmware/pico/ (pico-sdk), then write and check the UF2 and the
         fit."""
-        from ..flashers.picotool import picotool_build_dir
-        from ..uf2 import find_picotool, write_uf2
+        from deploykit.readers.uf2 import find_picotool, picotool_build_dir, write_uf2
 
         self.check_board(board)
         defs = {"DK_GENERATED_DIR": str(generated_dir.resolve()), "DK_FIRMWARE": firmware,

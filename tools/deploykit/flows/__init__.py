@@ -17,11 +17,11 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
-from ..plugins import load_plugins
+from deploykit.util.errors import ConfigError
+from deploykit.util.plugins import load_plugins
 
 if TYPE_CHECKING:
-    from .base import Flow
+    from deploykit.flows.base import Flow
 
 ENTRY_POINT_GROUP = "deploykit.flows"
 BUILTIN_FLOWS = {
@@ -36,7 +36,7 @@ BUILTIN_FLOWS = {
 @cache
 def registry() -> dict[str, Flow]:
     """Every flow by name: the built-in ones, then those of installed packages."""
-    from .base import Flow
+    from deploykit.flows.base import Flow
 
     return load_plugins(ENTRY_POINT_GROUP, BUILTIN_FLOWS, Flow, "flow")
 

@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .common import parse_cpu
+from deploykit.flows.common import parse_cpu
 
 if TYPE_CHECKING:
-    from ..boards import Board
-    from ..models import ModelSpec
-    from ..plan import MemoryPlan
-    from ..pte_reader import PteInfo
-    from ..sources import Workspace
-    from .common import Stages
+    from deploykit.flows.common import Stages
+    from deploykit.memory.plan import MemoryPlan
+    from deploykit.program.models import ModelSpec
+    from deploykit.readers.boards import Board
+    from deploykit.readers.pte_reader import PteInfo
+    from deploykit.readers.sources import Workspace
 
 # Used when the model file gives no TOLERANCE for the flow (device vs reference).
 DEFAULT_FP32_TOLERANCE = {"atol": 1e-5, "rtol": 0.0}
@@ -25,7 +25,7 @@ DEFAULT_INT8_STEPS = 2.0  # int8 default atol: this many output quantization ste
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """Export choices of a build profile (deploykit.profiles)."""
+    """Export choices of a build profile (deploykit.pipeline.profiles)."""
 
     # portable_fp32: constant_prop_pass folds constant subgraphs (the weight transposes of
     # every Linear), so they are not recomputed on every inference.
@@ -51,7 +51,7 @@ class ExportOptions:
         """to_executorch's ExecutorchBackendConfig for these options (and `kwargs`)."""
         from executorch.exir import ExecutorchBackendConfig
 
-        from .memory_planning import memory_planning_pass
+        from deploykit.flows.memory_planning import memory_planning_pass
 
         return ExecutorchBackendConfig(
             memory_planning_pass=memory_planning_pass(alloc_graph_input=self.plan_inputs),

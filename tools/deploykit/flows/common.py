@@ -8,12 +8,12 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, DeployKitError, ExportError
+from deploykit.util.errors import ConfigError, DeployKitError, ExportError
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .base import QuantParams
+    from deploykit.flows.base import QuantParams
 
 
 def parse_cpu(cpu: str) -> tuple[str, str | None]:

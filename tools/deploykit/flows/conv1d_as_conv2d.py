@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .mixed_precision import innermost_model_line, innermost_module
+from deploykit.flows.mixed_precision import innermost_model_line, innermost_module
 
 # Activations the Cortex-M quantizer fuses into a preceding conv2d (quantizer_support.py).
 _CHANNELWISE = (

@@ -21,12 +21,18 @@ import dataclasses
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, ExportError
-from .base import NOTES_NAME, ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
-from .common import flatten_tensors, in_steps, max_abs_diff, parse_cpu, to_numpy
-from .conv1d_as_conv2d import Conv1dRewrite, conv1d_as_conv2d
-from .cortex_m_float_linear import decompose_float_linear_pass
-from .mixed_precision import (
+from deploykit.flows.base import (
+    NOTES_NAME,
+    ExportOptions,
+    ExportTarget,
+    Flow,
+    FlowResult,
+    QuantParams,
+)
+from deploykit.flows.common import flatten_tensors, in_steps, max_abs_diff, parse_cpu, to_numpy
+from deploykit.flows.conv1d_as_conv2d import Conv1dRewrite, conv1d_as_conv2d
+from deploykit.flows.cortex_m_float_linear import decompose_float_linear_pass
+from deploykit.flows.mixed_precision import (
     MAX_FALLBACKS,
     FloatChoice,
     LoweringFailure,
@@ -38,13 +44,14 @@ from .mixed_precision import (
     op_base,
     summary,
 )
-from .one_channel_conv import one_channel_depthwise_as_conv
-from .pt2e import dequantize, io_quant, quantize, quantize_pt2e
+from deploykit.flows.one_channel_conv import one_channel_depthwise_as_conv
+from deploykit.flows.pt2e import dequantize, io_quant, quantize, quantize_pt2e
+from deploykit.util.errors import ConfigError, ExportError
 
 if TYPE_CHECKING:
-    from ..models import ModelSpec
-    from ..pte_reader import PteInfo
-    from .common import Stages
+    from deploykit.flows.common import Stages
+    from deploykit.program.models import ModelSpec
+    from deploykit.readers.pte_reader import PteInfo
 
 # The cortex_m ops' own Python reference (integer arithmetic modelled on CMSIS-NN) run on the
 # lowered graph: what the device computes, where PT2E's float simulation drifts by rounding.

@@ -25,9 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, EnvironmentProblem, ExportError
-from ..npu import npu_config, npu_firmware_definitions
-from .base import (
+from deploykit.flows.base import (
     DELEGATE_TOSA_NAME,
     ExportOptions,
     ExportTarget,
@@ -35,18 +33,19 @@ from .base import (
     FlowResult,
     QuantParams,
 )
-from .common import flatten_tensors, in_steps, max_abs_diff, to_numpy
-from .pt2e import io_quant, quantize_pt2e
+from deploykit.flows.common import flatten_tensors, in_steps, max_abs_diff, to_numpy
+from deploykit.flows.pt2e import io_quant, quantize_pt2e
+from deploykit.readers.npu import ETHOS_U_BACKEND, npu_firmware_definitions
+from deploykit.util.errors import ConfigError, EnvironmentProblem, ExportError
 
 if TYPE_CHECKING:
-    from ..boards import Board
-    from ..models import ModelSpec
-    from ..plan import MemoryPlan
-    from ..pte_reader import PteInfo
-    from ..sources import Workspace
-    from .common import Stages
+    from deploykit.flows.common import Stages
+    from deploykit.memory.plan import MemoryPlan
+    from deploykit.program.models import ModelSpec
+    from deploykit.readers.boards import Board
+    from deploykit.readers.pte_reader import PteInfo
+    from deploykit.readers.sources import Workspace
 
-ETHOS_U_BACKEND = "EthosUBackend"
 TOSA_REFERENCE_KIND = "tosa-reference-model"
 _VELA_SUMMARY_KEYS = {
     "Accelerator configuration": "accelerator_config",
@@ -82,10 +81,10 @@ class EthosUInt8(Flow):
     fallback_reference_kind = "pt2e-quantized-torch"
 
     def applies_to(self, board: Board) -> str | None:
-        return None if npu_config(board) is not None else f"{board.name} has no NPU"
+        return None if board.npu is not None else f"{board.name} has no NPU"
 
     def target_settings(self, board: Board) -> dict[str, Any] | None:
-        npu = npu_config(board)
+        npu = board.npu
         return npu.export_settings() if npu is not None else None
 
     def target_description(self, target: ExportTarget) -> str:
@@ -216,8 +215,9 @@ class EthosUInt8(Flow):
 def npu_export_settings(npu: dict[str, Any] | None) -> dict[str, Any]:
     """Normalise the NPU settings given to `export` into {type, macs, target, system_config,
     memory_mode}. Accepts a board file's `npu:` section (type, macs, vela{...}) or the already
-    flat form (`deploykit.npu.NpuConfig.export_settings()`). MAC count and mode are validated."""
-    from ..npu import DEFAULT_MACS, check_macs, check_memory_mode
+    flat form (`deploykit.readers.npu.NpuConfig.export_settings()`). MAC count and mode are
+    validated."""
+    from deploykit.readers.npu import DEFAULT_MACS, check_macs, check_memory_mode
 
     if not npu:
         raise ConfigError("The ethos_u_int8 flow needs the board's NPU settings.",

@@ -5,7 +5,7 @@ tensors, largest first, into *shared objects* laid end to end; a smaller tensor 
 object whose other tensors it does not overlap in time, at offset 0 or above the ones it
 does overlap. On a network whose tensor sizes shrink and grow (MobileNet's strided blocks)
 the objects fragment: mobilenet_v1_025 is planned at 64,512 B where 55,296 B are live at
-once at most (program_costs.py computes that lower bound from the ``.pte``).
+once at most (program/costs.py computes that lower bound from the ``.pte``).
 
 ``greedy_by_size`` is the planner TensorFlow Lite Micro uses ("greedy by size"): one arena,
 tensors placed largest first, each at the lowest offset where it overlaps no tensor already

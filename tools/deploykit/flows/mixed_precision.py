@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..op_coverage import model_line
-from .base import NOTES_NAME
+from deploykit.flows.base import NOTES_NAME
+from deploykit.readers.op_coverage import model_line
 
 # One operator (or module) is excluded per failure; a model that needs more is reported.
 MAX_FALLBACKS = 8

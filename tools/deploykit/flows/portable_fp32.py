@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ExportError
-from ..op_coverage import check_coverage, graph_op_names
-from .base import ExportOptions, ExportTarget, Flow, FlowResult
-from .common import flatten_tensors
+from deploykit.flows.base import ExportOptions, ExportTarget, Flow, FlowResult
+from deploykit.flows.common import flatten_tensors
+from deploykit.readers.op_coverage import check_coverage, graph_op_names
+from deploykit.util.errors import ExportError
 
 if TYPE_CHECKING:
-    from ..models import ModelSpec
-    from ..pte_reader import PteInfo
-    from .common import Stages
+    from deploykit.flows.common import Stages
+    from deploykit.program.models import ModelSpec
+    from deploykit.readers.pte_reader import PteInfo
 
 
 class PortableFp32(Flow):

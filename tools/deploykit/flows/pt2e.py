@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .base import QuantParams
-from .common import flatten_tensors
+from deploykit.flows.base import QuantParams
+from deploykit.flows.common import flatten_tensors
 
 if TYPE_CHECKING:
-    from ..models import ModelSpec
-    from .common import Stages
+    from deploykit.flows.common import Stages
+    from deploykit.program.models import ModelSpec
 
 
 def quantize_pt2e(spec: ModelSpec, st: Stages, inputs: tuple[Any, ...],

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
-from .base import ExportOptions, ExportTarget, Flow, FlowResult
-from .common import flatten_tensors
-from .ethos_u_int8 import _op_name
+from deploykit.flows.base import ExportOptions, ExportTarget, Flow, FlowResult
+from deploykit.flows.common import flatten_tensors
+from deploykit.flows.ethos_u_int8 import _op_name
+from deploykit.util.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..boards import Board
-    from ..models import ModelSpec
-    from ..pte_reader import PteInfo
-    from .common import Stages
+    from deploykit.flows.common import Stages
+    from deploykit.program.models import ModelSpec
+    from deploykit.readers.boards import Board
+    from deploykit.readers.pte_reader import PteInfo
 
 XNNPACK_BACKEND = "XnnpackBackend"
 # Host (x86 micro-kernels) against device (NEON, fused multiply-add): float rounding only.

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
-from .common import flatten_tensors
-from .pt2e import quantize_pt2e
-from .xnnpack_fp32 import (
+from deploykit.flows.base import ExportOptions, ExportTarget, Flow, FlowResult, QuantParams
+from deploykit.flows.common import flatten_tensors
+from deploykit.flows.pt2e import quantize_pt2e
+from deploykit.flows.xnnpack_fp32 import (
     XNNPACK_FP32_TOLERANCE,
     check_cortex_a,
     host_method,
@@ -26,10 +26,10 @@ from .xnnpack_fp32 import (
 )
 
 if TYPE_CHECKING:
-    from ..boards import Board
-    from ..models import ModelSpec
-    from ..pte_reader import PteInfo
-    from .common import Stages
+    from deploykit.flows.common import Stages
+    from deploykit.program.models import ModelSpec
+    from deploykit.readers.boards import Board
+    from deploykit.readers.pte_reader import PteInfo
 
 # Static int8: the outputs are dequantized in the delegate, so the tolerance is float; two
 # output steps cover a requantization rounding difference carried to the output.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-from deploykit.fsutil import write_atomic
-from deploykit.profiling.trace import Profile
+from deploykit.readers.trace import Profile
+from deploykit.util.fsutil import write_atomic
 
 _KERNEL_COLOURS = {"portable": "#4e79a7", "cortex_m": "#f28e2b", "delegate": "#59a14f"}
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from deploykit.fsutil import write_atomic
-from deploykit.profiling.trace import EXECUTE, Profile
+from deploykit.readers.trace import EXECUTE, Profile
+from deploykit.util.fsutil import write_atomic
 
 RUN_NAME = "Execute"
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from deploykit.protocol.decoder import RunRecords
+from deploykit.readers.protocol.decoder import RunRecords
 
 
 class InterpretError(Exception):
@@ -147,7 +147,7 @@ def run_program(pte: bytes, inputs: list[np.ndarray]) -> HostRun:
     """Run `pte`'s forward method on the host, instruction by instruction."""
     import torch
 
-    from deploykit.pte_reader import load_program, method_plan, operator_names
+    from deploykit.readers.pte_reader import load_program, method_plan, operator_names
 
     # The cortex_m operators' reference implementations register with torch on import.
     with contextlib.suppress(ImportError):

@@ -20,11 +20,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from deploykit.boards import Board
-from deploykit.errors import ConfigError, DeployKitError, ExitCode
-from deploykit.fsutil import write_atomic
-from deploykit.profiles import BuildProfile
 from deploykit.profiling.chart import write_svg
 from deploykit.profiling.etdump import write_etdump
 from deploykit.profiling.intermediates import (
@@ -32,14 +29,20 @@ from deploykit.profiling.intermediates import (
     InterpretError,
     compare_intermediates,
 )
-from deploykit.profiling.trace import (
+from deploykit.program.costs import Island
+from deploykit.readers.boards import Board
+
+if TYPE_CHECKING:
+    from deploykit.pipeline.target import Target
+from deploykit.readers.trace import (
     Instruction,
     Profile,
     TraceError,
     profile_from_records,
     program_instructions,
 )
-from deploykit.program_costs import Island
+from deploykit.util.errors import ConfigError, DeployKitError, ExitCode
+from deploykit.util.fsutil import write_atomic
 
 PROFILE_DIR = "firmware-profile"
 
@@ -233,54 +236,35 @@ class ProfileReport:
 
 
 def profile_model(
-    board: Board,
+    target: Target,
     model: str,
-    flow: str,
     out: Path,
     workspace: Path | None,
     timeout: float,
     progress: Callable[[str], None],
-    runner_options: dict | None = None,
     *,
-    build_profile: BuildProfile | None = None,
     fit: bool = False,
 ) -> ProfileReport:
-    from deploykit.pipeline import FirmwareVariant, build_firmware, resolve_runner_options
-    from deploykit.runners import runner_for_board
+    from deploykit.pipeline.chains import FirmwareVariant, build_firmware
 
+    board = target.board
     definitions = trace_definitions(board, intermediates=False)
-    plain = build_firmware(
-        board,
-        model,
-        flow,
-        out,
-        workspace,
-        progress,
-        profile=build_profile,
-        fit=fit,
-        runner_options=runner_options,
-        timeout=timeout,
-    )
+    plain = build_firmware(target, model, out, workspace, progress, fit=fit, timeout=timeout)
     progress(
         "building the profiling firmware (the runtime with its EventTracer hooks is cached "
         "under its own key)"
     )
     traced = build_firmware(
-        board,
+        target,
         model,
-        flow,
         out,
         workspace,
         progress,
-        profile=build_profile,
         fit=fit,
-        runner_options=runner_options,
         timeout=timeout,
         variant=FirmwareVariant(PROFILE_DIR, definitions),
     )
-    runner = runner_for_board(
-        board, **resolve_runner_options(board, runner_options, workspace, progress)
-    )
+    runner = target.make_runner(workspace, progress)
     progress(f"running the plain firmware on {runner.kind}")
     plain_run = runner.run(
         plain.firmware.elf, out / "profile" / "plain", timeout_s=timeout, check=True
@@ -323,14 +307,15 @@ def profile_model(
     write_etdump(profile, files["etdump"])
     write_svg(
         profile,
-        f"{exported.model_name} ({flow}) on {board.name}: {profile.unit} per operator",
+        f"{exported.model_name} ({target.flow.name}) on {board.name}: {profile.unit} per "
+        "operator",
         files["chart"],
     )
     plain_timing = plain_run.records.timing
     report = ProfileReport(
         board.name,
         exported.model_name,
-        flow,
+        target.flow.name,
         profile,
         ram,
         prof_dir,
@@ -376,16 +361,13 @@ class DebugReport:
 
 
 def debug_intermediates(
-    board: Board,
+    target: Target,
     model: str,
-    flow: str,
     out: Path,
     workspace: Path | None,
     timeout: float,
     progress: Callable[[str], None],
-    runner_options: dict | None = None,
     *,
-    build_profile: BuildProfile | None = None,
     fit: bool = False,
     atol: float | None = None,
     rtol: float | None = None,
@@ -395,27 +377,22 @@ def debug_intermediates(
     output with the host's run of the same program on the same inputs (the first input set).
     `device_pte`: run this program on the device instead of the export's (same operators and
     memory plan, e.g. one with a changed constant); the host still runs the export's."""
-    from deploykit.pipeline import FirmwareVariant, build_firmware, resolve_runner_options
-    from deploykit.runners import runner_for_board
+    from deploykit.pipeline.chains import FirmwareVariant, build_firmware
 
+    board = target.board
     definitions = trace_definitions(board, intermediates=True)
     progress("building the firmware that streams every operator's output")
     built = build_firmware(
-        board,
+        target,
         model,
-        flow,
         out,
         workspace,
         progress,
-        profile=build_profile,
         fit=fit,
-        runner_options=runner_options,
         timeout=timeout,
         variant=FirmwareVariant(DEBUG_DIR, definitions, device_pte),
     )
-    runner = runner_for_board(
-        board, **resolve_runner_options(board, runner_options, workspace, progress)
-    )
+    runner = target.make_runner(workspace, progress)
     progress(f"running it on {runner.kind}")
     run = runner.run(built.firmware.elf, out / "debug", timeout_s=timeout, check=True)
     exported = built.planned.export
@@ -435,6 +412,6 @@ def debug_intermediates(
             "--debug-intermediates needs a program of CPU kernels.",
         ) from exc
     path = out / "debug" / "intermediates.json"
-    result = DebugReport(board.name, exported.model_name, flow, report, path)
+    result = DebugReport(board.name, exported.model_name, target.flow.name, report, path)
     write_atomic(path, json.dumps(result.json(), indent=2, allow_nan=False) + "\n")
     return result

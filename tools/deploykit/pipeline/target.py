@@ -1,0 +1,135 @@
+"""The Target: what one command builds for, resolved once at the API boundary.
+
+A command names a board, and maybe a flow, a build profile, NPU overrides (--npu-macs,
+--npu-memory-mode), --strict and runner options (--port, --probe, ...). `resolve_target` turns
+them into one immutable `Target`, doing every check on the way: the board file loads and names
+known flows, the flow is allowed on the board and applies to it, the NPU overrides are valid
+for the board's NPU, the runner takes the options given, and a board's proxy (where `--fit`
+measures it when it is not attached) can stand in for it. Every stage then takes the Target
+(or the parts of it it needs) instead of resolving the board's family, the flow, the profile
+or the NPU again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deploykit.families import family_of
+from deploykit.flows import flow_names, get_flow
+from deploykit.pipeline.profiles import resolve_profile
+from deploykit.readers.boards import Board, load_board
+from deploykit.readers.npu import with_npu_overrides
+from deploykit.run.proxy import proxy_board, proxy_section
+from deploykit.run.runners import runner_class
+from deploykit.util.errors import ConfigError
+
+if TYPE_CHECKING:
+    from deploykit.families.base import BoardFamily
+    from deploykit.flows.base import Flow
+    from deploykit.pipeline.profiles import BuildProfile
+    from deploykit.readers.npu import NpuConfig
+    from deploykit.run.runners.base import Runner
+
+
+@dataclass(frozen=True)
+class ProxyTarget:
+    """The simulated board a `--fit` measurement runs on when the board itself is not
+    attached (run/proxy.py): built with the target's CPU/ABI flags and runtime options."""
+
+    board: Board
+    family: BoardFamily
+    runner: type[Runner]
+    extra_stack: int  # added to the fitted stack (the board file's proxy.extra_stack)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A board as one command compiles for it, with everything the stages ask of it."""
+
+    board: Board  # as compiled: NPU overrides and the profile's CPU flags applied
+    family: BoardFamily
+    flow: Flow
+    profile: BuildProfile  # --strict applied
+    runner: type[Runner]
+    runner_options: Mapping[str, Any] = field(default_factory=dict)  # checked, set ones only
+    proxy: ProxyTarget | None = None
+
+    @property
+    def name(self) -> str:
+        return self.board.name
+
+    @property
+    def npu(self) -> NpuConfig | None:
+        """The board's NPU with the overrides applied; None without an `npu:` section."""
+        return self.board.npu
+
+    def cmake_definitions(self) -> dict[str, str]:
+        """The firmware build's CMake cache entries of the profile, for this family."""
+        return self.profile.cmake_definitions(self.family)
+
+    def runner_kwargs(self, workspace: Path | None,
+                      progress: Callable[[str], None]) -> dict[str, Any]:
+        """The runner's keyword arguments: the command-line options it declares, and the
+        workspace and progress every runner is offered."""
+        return {**self.runner_options, "workspace": workspace, "progress": progress}
+
+    def make_runner(self, workspace: Path | None, progress: Callable[[str], None]) -> Runner:
+        return self.runner.from_board(self.board, **self.runner_kwargs(workspace, progress))
+
+
+def check_board_flows(board: Board) -> None:
+    """A board file's export section names flows that exist (built-in or plugins)."""
+    known = flow_names()
+    unknown = [f for f in board.export["allowed"] if f not in known]
+    if unknown:
+        raise ConfigError(f"Board file {board.path}: export.allowed names unknown flow(s) "
+                          f"{', '.join(unknown)}.", f"Known flows: {', '.join(known)}.")
+
+
+def resolve_target(board: str | Path | Board, *, flow: str | None = None,
+                   profile: str | None = None, strict: bool = False,
+                   npu_macs: int | None = None, npu_memory_mode: str | None = None,
+                   runner_options: Mapping[str, Any] | None = None) -> Target:
+    """The Target of a command (module docstring). `board`: a name, a board file, or a loaded
+    Board; `flow`: default the board file's `export.default`; `profile`: default the board
+    file's `profile:`, else size; `strict`: the profile's export refuses float fallbacks."""
+    loaded = board if isinstance(board, Board) else load_board(board)
+    check_board_flows(loaded)
+    loaded = with_npu_overrides(loaded, npu_macs, npu_memory_mode)
+    flow_impl = _allowed_flow(loaded, flow)
+    build_profile = resolve_profile(loaded, profile)
+    if strict:
+        build_profile = dataclasses.replace(build_profile, strict=True)
+    compiled = build_profile.board_for(loaded)
+    runner = runner_class(compiled)
+    options = runner.check_options(compiled.name, runner_options or {})
+    return Target(board=compiled, family=family_of(compiled), flow=flow_impl,
+                  profile=build_profile, runner=runner, runner_options=options,
+                  proxy=_proxy_of(compiled))
+
+
+def _allowed_flow(board: Board, flow: str | None) -> Flow:
+    name = flow or board.export["default"]
+    if name not in board.export["allowed"]:
+        raise ConfigError(f"Board {board.name} does not support the {name} flow.",
+                          f"Allowed flows: {', '.join(board.export['allowed'])}.")
+    flow_impl = get_flow(name)
+    why_not = flow_impl.applies_to(board)
+    if why_not:
+        raise ConfigError(f"The {name} flow cannot target board {board.name}: {why_not}.",
+                          f"Allowed flows: {', '.join(board.export['allowed'])}.")
+    return flow_impl
+
+
+def _proxy_of(board: Board) -> ProxyTarget | None:
+    """The board's proxy, checked, when its board file names one."""
+    section = proxy_section(board)
+    if not section:
+        return None
+    proxy = proxy_board(board)
+    return ProxyTarget(board=proxy, family=family_of(proxy), runner=runner_class(proxy),
+                       extra_stack=int(section["extra_stack"]))
