@@ -38,7 +38,7 @@ from deploykit.util.errors import EnvironmentProblem
 from tests import chromium
 from tests.perturb import perturb_requantize_scale
 from tests.unit.test_explore_node_data import (
-    export_recorded_program,
+    lay_out_recorded_program,
     write_intermediates,
     write_profile,
 )
@@ -421,10 +421,11 @@ def test_headless_chromium_shows_the_partitioned_graph(
 @pytest.fixture(scope="module")
 def profiled_out(tmp_path_factory) -> Path:
     """mlp_mnist's out directory as `deploykit profile` and `run --debug-intermediates` leave
-    it: the export, profile/profile.json from the recorded profiling stream, and
-    debug/intermediates.json from the recorded debug stream compared with a program whose
-    second linear layer has its scale changed (so that errors show)."""
-    out = export_recorded_program(tmp_path_factory.mktemp("mlp_mnist"))
+    it: the recorded program (tests/data/) as the export, profile/profile.json from the
+    recorded profiling stream, and debug/intermediates.json from the recorded debug stream
+    compared with a program whose second linear layer has its scale changed (so that errors
+    show)."""
+    out = lay_out_recorded_program(tmp_path_factory.mktemp("mlp_mnist"))
     write_profile(out)
     pte = (out / "export" / "model.pte").read_bytes()
     write_intermediates(out, perturb_requantize_scale(pte, instruction=2, factor=0.8))

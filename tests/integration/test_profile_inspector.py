@@ -1,43 +1,51 @@
-"""The host side of profiling and numerical debugging against a real export, without the
-runtime: the event streams were recorded from profiling firmware on QEMU (tests/data/), the
-export is real (about 15 s, shared by the tests here).
+"""The host side of profiling and numerical debugging, without the runtime: the event streams
+were recorded from profiling firmware on QEMU and are committed with the program they ran
+(tests/data/, tests/data/README.md).
 
-- ExecuTorch's Inspector opens deploykit's ETDump with the export's ETRecord, and its operator
-  names agree with deploykit's;
-- the host's operator-by-operator run of the .pte agrees with the device's traced outputs, and
-  names the operator whose requantization scale was changed as the first divergence.
+- ExecuTorch's Inspector opens deploykit's ETDump with the ETRecord of a real export (about
+  15 s), and its operator names agree with deploykit's;
+- the host's operator-by-operator run of the recorded .pte agrees with the device's traced
+  outputs, and names the operator whose requantization scale was changed as the first
+  divergence.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
 
-from deploykit.pipeline.profiles import PROFILES  # noqa: E402
-from deploykit.profiling.etdump import write_etdump  # noqa: E402
-from deploykit.profiling.intermediates import compare_intermediates  # noqa: E402
-from deploykit.program.export import ETRECORD_NAME, export  # noqa: E402
-from deploykit.program.models import load_model  # noqa: E402
-from deploykit.readers.protocol import decode  # noqa: E402
-from deploykit.readers.trace import (  # noqa: E402
+from deploykit.pipeline.profiles import PROFILES
+from deploykit.profiling.etdump import write_etdump
+from deploykit.profiling.intermediates import compare_intermediates
+from deploykit.program.export import ETRECORD_NAME, export
+from deploykit.program.models import load_model
+from deploykit.readers.protocol import decode
+from deploykit.readers.trace import (
     NATIVE_CALL_PREFIX,
     profile_from_records,
     program_instructions,
 )
-from tests.perturb import perturb_requantize_scale  # noqa: E402
+from tests.perturb import perturb_requantize_scale
+from tests.recorded import (
+    MLP_DEBUG_STREAM,
+    MLP_PROFILE_STREAM,
+    MLP_PTE,
+    first_input,
+    short_sha,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / "tests" / "data"
-PROFILE_STREAM = DATA / "profile-mlp_mnist-cortex_m_int8-qemu-an505.bin"
-DEBUG_STREAM = DATA / "debug-mlp_mnist-cortex_m_int8-qemu-an505.bin"
+PROFILE_STREAM = MLP_PROFILE_STREAM
+DEBUG_STREAM = MLP_DEBUG_STREAM
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """mlp_mnist, cortex_m_int8, as `deploykit profile --board qemu-an505` exported it (the
-    board's default profile, size)."""
+    """mlp_mnist, cortex_m_int8, as `deploykit profile --board qemu-an505` exports it (the
+    board's default profile, size), for its ETRecord. Its .pte need not be byte for byte the
+    recorded one (an int8 export's calibration runs on the host's CPU float path); its
+    instructions are the same."""
     out = tmp_path_factory.mktemp("export")
     return export(
         load_model("mlp_mnist", REPO),
@@ -48,9 +56,11 @@ def exported(tmp_path_factory):
     )
 
 
-def _same_program(records, pte: bytes) -> None:
-    # The recorded runs are of this very program (the export is reproducible).
-    assert records.hello.fields["pte_sha256"] == hashlib.sha256(pte).hexdigest()[:16]
+def _recorded_program(records) -> bytes:
+    """The committed .pte, which the recorded run ran (its hello says so)."""
+    pte = MLP_PTE.read_bytes()
+    assert records.hello.fields["pte_sha256"] == short_sha(pte)
+    return pte
 
 
 def test_inspector_reads_the_etdump_with_the_etrecord(exported, tmp_path):
@@ -60,8 +70,10 @@ def test_inspector_reads_the_etdump_with_the_etrecord(exported, tmp_path):
     etrecord = exported.pte_path.parent / ETRECORD_NAME
     assert etrecord.is_file()
     records = decode(PROFILE_STREAM.read_bytes())
-    pte = exported.pte_path.read_bytes()
-    _same_program(records, pte)
+    pte = _recorded_program(records)
+    # The ETRecord maps instruction ids to graph nodes: the export's instructions are the
+    # recorded program's, operator for operator.
+    assert program_instructions(exported.pte_path.read_bytes()) == program_instructions(pte)
     profile = profile_from_records(records, program_instructions(pte))
     etdump = write_etdump(profile, tmp_path / "model.etdump")
 
@@ -90,12 +102,11 @@ def test_inspector_reads_the_etdump_with_the_etrecord(exported, tmp_path):
     assert execute.perf_data.raw[0] == pytest.approx(profile.micros(profile.total_ticks), rel=1e-3)
 
 
-def test_device_operator_outputs_agree_with_the_host(exported):
+def test_device_operator_outputs_agree_with_the_host():
     records = decode(DEBUG_STREAM.read_bytes())
-    pte = exported.pte_path.read_bytes()
-    _same_program(records, pte)
+    pte = _recorded_program(records)
     assert records.trace_clock.debug_level == 2
-    report = compare_intermediates(records, pte, exported.input_sets[0], atol=0.01, rtol=0.0)
+    report = compare_intermediates(records, pte, first_input(), atol=0.01, rtol=0.0)
     assert [r.operator for r in report.rows] == [
         "cortex_m::quantize_per_tensor.out",
         "cortex_m::quantized_linear.out",
@@ -107,13 +118,13 @@ def test_device_operator_outputs_agree_with_the_host(exported):
     assert all(r.max_abs == 0 for r in report.rows)  # CMSIS-NN is bit-exact with the reference
 
 
-def test_a_changed_scale_is_named_as_the_first_divergence(exported):
+def test_a_changed_scale_is_named_as_the_first_divergence():
     records = decode(DEBUG_STREAM.read_bytes())
-    pte = exported.pte_path.read_bytes()
+    pte = _recorded_program(records)
     # The same comparison against a program whose second linear layer has its output scale
     # changed by 20%: that operator is the first to differ, and the error carries on.
     broken = perturb_requantize_scale(pte, instruction=2, factor=0.8)
-    report = compare_intermediates(records, broken, exported.input_sets[0], atol=0.01, rtol=0.0)
+    report = compare_intermediates(records, broken, first_input(), atol=0.01, rtol=0.0)
     first = report.first_divergence
     assert first is not None
     assert (first.instruction, first.operator) == (2, "cortex_m::quantized_linear.out")
@@ -122,14 +133,13 @@ def test_a_changed_scale_is_named_as_the_first_divergence(exported):
     assert "first divergence: instruction 2" in report.table()
 
 
-def test_a_missing_device_output_is_a_divergence_with_a_reason(exported):
+def test_a_missing_device_output_is_a_divergence_with_a_reason():
     import json
 
     records = decode(DEBUG_STREAM.read_bytes())
+    pte = _recorded_program(records)
     records.trace_tensors = [t for t in records.trace_tensors if t.debug_handle != 3]
-    report = compare_intermediates(
-        records, exported.pte_path.read_bytes(), exported.input_sets[0], atol=0.01, rtol=0.0
-    )
+    report = compare_intermediates(records, pte, first_input(), atol=0.01, rtol=0.0)
     first = report.first_divergence
     assert (first.instruction, first.note, first.max_abs) == (3, "no device output", None)
     assert "first divergence: instruction 3" in report.table()

@@ -1,66 +1,59 @@
 """`explore`'s time and error overlays, built from the files `deploykit profile` and `run
 --debug-intermediates` write: the profile and the comparison come from event streams recorded
 from profiling firmware on QEMU (tests/data/), read by the profiling module's own functions,
-against a real export of the same program (about 15 s, shared by the tests here). The
+against the very program they were recorded from (committed beside them, laid out as the
+export directory; nothing is exported, so nothing depends on the host's float path). The
 overlays' keys are checked against the .pte's instruction list; the adapter's node ids in a
 real Model Explorer environment are checked by tests/integration/test_explore.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from deploykit.pipeline.profiles import PROFILES
 from deploykit.profiling import explore
 from deploykit.profiling.intermediates import compare_intermediates
 from deploykit.profiling.stage import DebugReport, ProfileReport
-from deploykit.program.export import export
 from deploykit.program.inspect import inspect_pte
-from deploykit.program.models import load_model
 from deploykit.readers.protocol import decode
 from deploykit.readers.trace import profile_from_records, program_instructions
 from deploykit.run.runners.qemu import DEFAULT_ICOUNT_SHIFT
 from deploykit.util.errors import ConfigError
 from tests.perturb import perturb_requantize_scale
+from tests.recorded import (
+    MLP_DEBUG_STREAM,
+    MLP_PROFILE_STREAM,
+    MLP_PTE,
+    TINY_CNN_PROFILE_STREAM,
+    first_input,
+    lay_out_export,
+    short_sha,
+)
 from tests.unit.test_profiling import TINY_CNN_FP32
 
-REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / "tests" / "data"
-PROFILE_STREAM = DATA / "profile-mlp_mnist-cortex_m_int8-qemu-an505.bin"
-OTHER_PROFILE_STREAM = DATA / "profile-tiny_cnn-portable_fp32-qemu-an547.bin"
-DEBUG_STREAM = DATA / "debug-mlp_mnist-cortex_m_int8-qemu-an505.bin"
-INPUTS = "first-input.npy"
+PROFILE_STREAM = MLP_PROFILE_STREAM
+OTHER_PROFILE_STREAM = TINY_CNN_PROFILE_STREAM
+DEBUG_STREAM = MLP_DEBUG_STREAM
 
 
-def export_recorded_program(out: Path) -> Path:
-    """mlp_mnist, cortex_m_int8, exported into <out>/export/ as `deploykit profile --board
-    qemu-an505 --model mlp_mnist --flow cortex_m_int8` lays it out: the program the streams
-    of tests/data/ were recorded from. Returns `out`."""
-    exported = export(
-        load_model("mlp_mnist", REPO),
-        "cortex_m_int8",
-        out / "export",
-        cpu="cortex-m33",
-        options=PROFILES["size"].export_options(),
-    )
-    # The recorded runs are of this very program (the export is reproducible).
-    pte = exported.pte_path.read_bytes()
-    assert (
-        decode(PROFILE_STREAM.read_bytes()).hello.fields["pte_sha256"]
-        == (hashlib.sha256(pte).hexdigest()[:16])
-    )
-    np.save(out / INPUTS, exported.input_sets[0][0])
+def lay_out_recorded_program(out: Path) -> Path:
+    """mlp_mnist, cortex_m_int8 (size profile, cortex-m33), in <out>/export/ as `deploykit
+    profile --board qemu-an505 --model mlp_mnist --flow cortex_m_int8` lays it out: the
+    program the streams of tests/data/ were recorded from, copied. Returns `out`."""
+    lay_out_export(out, MLP_PTE)
+    for stream in (PROFILE_STREAM, DEBUG_STREAM):
+        assert decode(stream.read_bytes()).hello.fields["pte_sha256"] == short_sha(
+            _pte(out).read_bytes()
+        )
     return out
 
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory) -> Path:
-    return export_recorded_program(tmp_path_factory.mktemp("mlp_mnist"))
+    return lay_out_recorded_program(tmp_path_factory.mktemp("mlp_mnist"))
 
 
 def _pte(out: Path) -> Path:
@@ -99,7 +92,7 @@ def write_intermediates(out: Path, pte: bytes, drop_instruction: int | None = No
         records.trace_tensors = [
             t for t in records.trace_tensors if t.debug_handle != drop_instruction
         ]
-    inputs = [np.load(out / INPUTS)]  # the first input set, as the debug run fed the device
+    inputs = first_input()  # the first input set, as the debug run fed the device
     report = compare_intermediates(records, pte, inputs, atol=0.01, rtol=0.0)
     path = out / "debug" / "intermediates.json"
     path.parent.mkdir(exist_ok=True)

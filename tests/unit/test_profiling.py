@@ -1,11 +1,10 @@
 """The host side of per-operator profiling, without the runtime: the decoder and the profile
 on event streams recorded from real profiling firmware (tests/data/profile-*.bin, captured from
-`deploykit profile` on QEMU), on streams from the reference encoder, and the ETDump serializer
-round trip through ExecuTorch's own deserializer."""
+`deploykit profile` on QEMU, committed with the programs they ran; tests/data/README.md), on
+streams from the reference encoder, and the ETDump serializer round trip through ExecuTorch's
+own deserializer."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +18,12 @@ from deploykit.readers.trace import (
     TraceError,
     kernel_of,
     profile_from_records,
+    program_instructions,
 )
+from tests import recorded
 from tests.protocol_encoder import StreamEncoder
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = recorded.DATA
 
 # What the recorded programs run at each instruction (chain 0), as read from their .pte.
 MLP_INT8 = {
@@ -55,6 +56,36 @@ TINY_CNN_FP32 = {
 
 def _recorded(name: str):
     return decode((DATA / name).read_bytes())
+
+
+@pytest.mark.parametrize(
+    "streams, pte, instructions",
+    [
+        (
+            [recorded.MLP_PROFILE_STREAM, recorded.MLP_DEBUG_STREAM],
+            recorded.MLP_PTE,
+            MLP_INT8,
+        ),
+        ([recorded.TINY_CNN_PROFILE_STREAM], recorded.TINY_CNN_PTE, TINY_CNN_FP32),
+    ],
+)
+def test_recorded_streams_are_of_the_committed_programs(streams, pte, instructions):
+    """Each stream's hello names the program it ran: the .pte committed beside it, whose
+    instructions are the ones the tests here read its events by."""
+    program = pte.read_bytes()
+    for stream in streams:
+        assert decode(stream.read_bytes()).hello.fields["pte_sha256"] == recorded.short_sha(
+            program
+        )
+    assert program_instructions(program) == instructions
+
+
+def test_the_committed_input_is_the_one_the_device_ran():
+    (array,) = recorded.first_input()
+    assert array.shape == (1, 784) and array.dtype == np.float32
+    for stream in (recorded.MLP_PROFILE_STREAM, recorded.MLP_DEBUG_STREAM):
+        hello = decode(stream.read_bytes()).hello.fields
+        assert hello["inputs_sha256"] == recorded.short_sha(array.tobytes())
 
 
 @pytest.mark.parametrize(
@@ -241,7 +272,7 @@ def test_report_text_labels_vela_estimates_and_the_ram_cost(tmp_path):
     assert "RAM profiling adds: 172 B (60 B static, 112 B stack peak)" in text
     # Shares are of execute(): the operators' cumulative share stops short of 100%.
     last_op = next(line for line in text.splitlines() if line.startswith("cortex_m::deq"))
-    assert last_op.endswith("99.5%")
+    assert last_op.endswith("99.6%")
     assert report.json()["npu_estimates"] == {"0": "NPU (Vela estimate): 12.3 k cycles"}
 
 
