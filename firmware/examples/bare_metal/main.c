@@ -1,0 +1,83 @@
+/* The example application: runs every model of app_models.h (the component's headers and the
+ * models' example inputs) once, one after the other, and prints each output as hex on the
+ * UART; with APP_CHECKS it first checks the API's answers to misuse. The exit code (QEMU's, by
+ * semihosting) is the number of failures.
+ *
+ * Lines: "check <what> <model> <code> <name>", "run <model> <code> <name>",
+ * "out <model> <index> <hex bytes>", "stack <bytes>", "done <failures>". */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "app.h"
+#include "app_models.h"
+
+#if APP_CHECKS
+/* The first model runs in the application's own memory (init_with), the others in the
+ * component's static arenas (init). */
+static uint8_t app_arena[APP_FIRST_ARENA_SIZE] __attribute__((aligned(APP_FIRST_ARENA_ALIGN)));
+#endif
+
+static void report(const char *what, const char *model, int code) {
+  uart_puts(what);
+  uart_putc(' ');
+  uart_puts(model);
+  uart_putc(' ');
+  uart_dec((uint32_t)code);
+  uart_putc(' ');
+  uart_puts(dk_error_name(code));
+  uart_putc('\n');
+}
+
+int main(void) {
+  int failures = 0;
+  uart_init();
+  uart_puts("app ");
+  uart_puts(dk_component_info);
+  uart_putc('\n');
+#if APP_CHECKS
+  const app_model_t *first = &app_models[0];
+  report("check run_before_init", first->name, first->run());
+  report("check input_before_init", first->name, first->input(0) == NULL ? DK_OK : -1);
+  report("check init_with_short", first->name,
+         first->init_with(app_arena, sizeof app_arena - 1u));
+  report("check init_with_null", first->name, first->init_with(NULL, sizeof app_arena));
+  report("check run_after_failed_init", first->name, first->run());
+#endif
+  for (int m = 0; m < APP_NUM_MODELS; ++m) {
+    const app_model_t *model = &app_models[m];
+#if APP_CHECKS
+    const int status = m == 0 ? model->init_with(app_arena, sizeof app_arena) : model->init();
+#else
+    const int status = model->init();
+#endif
+    report("init", model->name, status);
+    if (status != DK_OK) ++failures;
+  }
+  for (int m = 0; m < APP_NUM_MODELS && failures == 0; ++m) {
+    const app_model_t *model = &app_models[m];
+    for (int i = 0; i < model->num_inputs; ++i)
+      memcpy(model->input(i), model->input_data[i], model->input_bytes[i]);
+    const int status = model->run();
+    report("run", model->name, status);
+    if (status != DK_OK) ++failures;
+  }
+  for (int m = 0; m < APP_NUM_MODELS && failures == 0; ++m) {
+    const app_model_t *model = &app_models[m];
+    for (int i = 0; i < model->num_outputs; ++i) {
+      uart_puts("out ");
+      uart_puts(model->name);
+      uart_putc(' ');
+      uart_dec((uint32_t)i);
+      uart_putc(' ');
+      uart_hex(model->output(i), model->output_bytes[i]);
+      uart_putc('\n');
+    }
+  }
+  uart_puts("stack ");
+  uart_dec(app_stack_used());
+  uart_puts("\ndone ");
+  uart_dec((uint32_t)failures);
+  uart_putc('\n');
+  return failures;
+}
