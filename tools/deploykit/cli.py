@@ -312,6 +312,31 @@ def build_parser() -> argparse.ArgumentParser:
                    default="ok", help="make the firmware fault, report an error or hang on "
                    "purpose, and check that the host classifies the run exactly so (a hang: "
                    "times out, and on QEMU names the function it hung in) (default ok)")
+    p = sub.add_parser("library", help="a self-contained component of one or more models "
+                       "for your own CMake or pico-sdk project",
+                       description="Export and plan each model, then build a component in "
+                       "--out: one C header per model (include/dk_<name>.h: init, run, "
+                       "zero-copy inputs and outputs, shapes, int8 parameters, arena sizes), "
+                       "the ExecuTorch runtime with only the models' kernels (one registry), "
+                       "each model's program in section .dk_model.<name>, a CMake package "
+                       "(find_package(deploykit_<name> CONFIG), target deploykit::<name>), "
+                       "README.md and manifest.json. docs/library.md.")
+    p.add_argument("--board", required=True, help="board name from boards/ (its CPU flags "
+                   "are the component's) or a path to a board file")
+    p.add_argument("--model", required=True, action="append", dest="models",
+                   help="model name from models/ or a path to a Python file; repeat for "
+                   "several models in one component")
+    p.add_argument("--flow", choices=flow_names(),
+                   help="export flow of every model (default: the board file's export.default)")
+    p.add_argument("--profile", choices=list(PROFILES),
+                   help=f"build profile (default: the board file's `profile:`, else "
+                   f"{DEFAULT_PROFILE})")
+    p.add_argument("--name", help="the component's name (default: the models' names joined "
+                   "by _): find_package(deploykit_<name>), target deploykit::<name>")
+    p.add_argument("--out", type=Path, required=True, help="the component's directory")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds for each --fit measurement run (default 120)")
+    _fit_option(p)
     _farm_parser(sub)
     return parser
 
@@ -471,6 +496,13 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
                           args.workspace, args.jobs, progress=out.progress)
         out.result(rows, table(rows))
         return 0 if all(r.result in ("PASS", "BUILT") for r in rows) else 1
+    if cmd == "library":
+        component = api.library(args.board, args.models, args.out, flow=args.flow,
+                                workspace=args.workspace, progress=out.progress,
+                                profile=args.profile, fit=args.fit, name=args.name,
+                                timeout=args.timeout)
+        out.result(component.manifest, component.summary())
+        return 0
     common = {"board": args.board, "out": args.out, "workspace": args.workspace,
               "progress": out.progress}
     if cmd == "selftest":

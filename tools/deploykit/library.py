@@ -405,6 +405,10 @@ def build_library(board: Board, models: Sequence[str], flow: str, out: Path,
 
     if not models:
         raise ConfigError("A library needs at least one model.", "Give --model NAME.")
+    if not str(board.cpu.get("core", "")).startswith("cortex-m"):
+        raise ConfigError(f"Board {board.name} has a {board.cpu.get('core')} core; library "
+                          "components are built for bare-metal Cortex-M boards.",
+                          "Choose a Cortex-M board (deploykit boards), e.g. qemu-an547.")
     names = check_names(models)
     component = component_name(names, name)
     ws = load_workspace(workspace)  # before the slow exports: fail fast without sources
