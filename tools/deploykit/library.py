@@ -394,8 +394,9 @@ def build_library(board: Board, models: Sequence[str], flow: str, out: Path,
                   name: str | None = None, model_outs: Sequence[Path] | None = None,
                   work: Path | None = None, timeout: float = 120.0) -> Component:
     """Export and plan each model (as `deploykit build` does, in `model_outs`, default
-    build/<board>/<model>; with `fit` their pools are measured by deploykit's runner on the
-    board's simulator first), then build and stage the component in `out`."""
+    build/<board>/<model>, or <work>/models/<model> when `work` is given; with `fit` their
+    pools are measured by deploykit's runner on the board's simulator first), then build and
+    stage the component in `out`."""
     from .families import family_of
     from .firmware_build import toolchain_file
     from .flows import get_flow
@@ -416,7 +417,10 @@ def build_library(board: Board, models: Sequence[str], flow: str, out: Path,
     profile = profile or resolve_profile(board)
     board = profile.board_for(board)
     flow_impl = get_flow(flow)
-    model_outs = list(model_outs or [Path("build") / board.name / Path(m).stem for m in models])
+    if model_outs is None:
+        # Beside `deploykit build`'s (so exports and measurements are shared), or in `work`.
+        base = work / "models" if work is not None else Path("build") / board.name
+        model_outs = [base / Path(m).stem for m in models]
     work = work or Path("build") / board.name / f"library-{component}"
 
     from .locks import out_lock
