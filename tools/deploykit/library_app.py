@@ -199,3 +199,36 @@ def device_outputs(run: AppRun, model: ComponentModel) -> list[np.ndarray]:
         data = np.frombuffer(raw, dtype=np.dtype(t.dtype)).reshape(physical)
         arrays.append(np.transpose(data, np.argsort(t.dim_order)))
     return arrays
+
+
+def build_pico_app(component: Component, board: Board, build_dir: Path, pico_sdk: Path, *,
+                   timeout: float = 600.0) -> AppBuild:
+    """The same application as a pico-sdk project (firmware/examples/pico): pico_sdk_init(),
+    find_package, target_link_libraries(app pico_stdlib deploykit::...). The board file's
+    pico_sdk section names the SDK's board and platform."""
+    sdk = board.raw.get("pico_sdk")
+    if not sdk:
+        raise BuildError(f"Board {board.name} has no pico_sdk section.",
+                         "Build the pico-sdk example for a Raspberry Pi Pico board (pico2).")
+    data_dir = build_dir / "data"
+    write_if_changed(data_dir / "app_models.h", app_models_h(component.models))
+    log = build_dir / "build.log"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    source = data_root() / "firmware" / "examples" / "pico"
+    cmds = [["cmake", "-S", str(source), "-B", str(build_dir / "cmake"), "-G", "Ninja",
+             f"-DPICO_SDK_PATH={pico_sdk}", f"-DPICO_BOARD={sdk['board']}",
+             f"-DPICO_PLATFORM={sdk['platform']}",
+             f"-DCMAKE_PREFIX_PATH={component.directory.resolve()}",
+             f"-DAPP_COMPONENT={component.name}", f"-DAPP_DATA_DIR={data_dir.resolve()}",
+             "-DCMAKE_BUILD_TYPE=MinSizeRel"],
+            ["cmake", "--build", str(build_dir / "cmake"), "--", "-j2"]]
+    with log.open("w") as out:
+        for cmd in cmds:
+            out.write("$ " + " ".join(cmd) + "\n")
+            out.flush()
+            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
+                                check=False).returncode
+            if rc != 0:
+                raise BuildError(f"The pico-sdk example application did not build (exit {rc}).",
+                                 f"See {log}.", log_path=str(log))
+    return AppBuild(build_dir / "cmake" / "app.elf", build_dir / "cmake" / "app.elf.map", log)
