@@ -147,3 +147,46 @@ def test_the_component_is_refused_for_another_cpu(components, tmp_path):
     assert proc.returncode != 0
     assert "was built for -mcpu=cortex-m55 -mfloat-abi=hard" in text
     assert "compiles C for -mcpu=cortex-m33 -mfloat-abi=hard" in text
+
+
+def _pico_sources_reason() -> str | None:
+    from deploykit.errors import DeployKitError
+    from deploykit.families import get_family
+    from deploykit.sources import load_workspace, require_projects
+
+    try:
+        require_projects(load_workspace(), list(get_family("rp2350").projects),
+                         "The pico-sdk example")
+    except DeployKitError as exc:
+        return (f"pico-sdk sources not in the workspace ({exc.cause}); add them with "
+                "`deploykit setup --group pico` or --source pico-sdk=PATH@2.2.0 "
+                "--source tinyusb=PATH@0.18.0")
+    return None
+
+
+@pytest.mark.skipif(_pico_sources_reason() is not None, reason=_pico_sources_reason() or "")
+def test_a_pico_sdk_application_builds_to_a_checked_uf2(components, tmp_path):
+    """firmware/examples/pico: pico_sdk_init(), find_package, target_link_libraries(app
+    pico_stdlib deploykit::...), built by the SDK's own toolchain setup into an ELF that
+    deploykit writes as a UF2 and its checker passes (no board here to run it)."""
+    from deploykit.library_app import build_pico_app
+    from deploykit.sources import load_workspace
+    from deploykit.uf2 import check_uf2, write_uf2
+
+    board = load_board("pico2")
+    component = components("pico2", ("mlp_mnist",), "cortex_m_int8")
+    app = build_pico_app(component, board, tmp_path / "app",
+                         load_workspace().path_of("pico-sdk"), timeout=BUILD_TIMEOUT)
+    flash = board.region_for("code")
+    family = board.raw["pico_sdk"]["platform"]
+    uf2 = write_uf2(app.elf, tmp_path / "app.uf2", family=family, flash_start=flash.origin,
+                    flash_size=flash.size)
+    report = check_uf2(uf2.path.read_bytes(), family=family, flash_start=flash.origin,
+                       flash_size=flash.size, elf=app.elf)
+    assert report.matches_elf
+    # The program is in the image, in flash.
+    from elftools.elf.elffile import ELFFile
+
+    with open(app.elf, "rb") as f:
+        section = ELFFile(f).get_section_by_name(".dk_model.mlp_mnist")
+    assert section is not None and flash.origin <= section["sh_addr"] < flash.origin + flash.size

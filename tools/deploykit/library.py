@@ -417,6 +417,13 @@ def build_library(board: Board, models: Sequence[str], flow: str, out: Path,
     profile = profile or resolve_profile(board)
     board = profile.board_for(board)
     flow_impl = get_flow(flow)
+    if flow_impl.needs_npu:
+        # The NPU half (EthosUBackend's registration at init, the driver's init with the
+        # application's base address and IRQ) is not built into components yet.
+        raise ConfigError(f"deploykit library does not build {flow} components yet: the "
+                          "Ethos-U backend and driver are linked only into deploykit's runner.",
+                          "Build a CPU flow (--flow cortex_m_int8 or portable_fp32), or use "
+                          "deploykit run for the NPU (docs/library.md).")
     if model_outs is None:
         # Beside `deploykit build`'s (so exports and measurements are shared), or in `work`.
         base = work / "models" if work is not None else Path("build") / board.name

@@ -232,3 +232,69 @@ def build_pico_app(component: Component, board: Board, build_dir: Path, pico_sdk
                 raise BuildError(f"The pico-sdk example application did not build (exit {rc}).",
                                  f"See {log}.", log_path=str(log))
     return AppBuild(build_dir / "cmake" / "app.elf", build_dir / "cmake" / "app.elf.map", log)
+
+
+# ---- size against deploykit's runner (bench/run --library) ------------------------------------
+
+RUNNER_NOT_CODE = ("model data", "model inputs")  # the runner's program and embedded vectors
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Code (flash without the models' programs and the embedded example inputs) and RAM
+    (.data + .bss + pools, plus the stack's measured peak) of one image."""
+
+    code: int
+    static_ram: int
+    stack_peak: int
+    programs: int  # the models' programs in flash
+    excluded_ram: int = 0  # RAM left out of static_ram (the app's input buffers, see below)
+
+    @property
+    def ram(self) -> int:
+        return self.static_ram + self.stack_peak
+
+
+def runner_footprint(elf: Path, stack_peak: int) -> Footprint:
+    """deploykit's runner: code by component from its link map, less the model and the
+    embedded inputs and expected outputs; RAM as linked without its stack and heap blocks
+    (the stack is counted at its measured peak, as the application's)."""
+    from elftools.elf.elffile import ELFFile
+
+    from .sizes import size_report
+
+    flash = dict(size_report(elf.with_suffix(".map"), elf).flash_by_component)
+    code = sum(v for k, v in flash.items() if k not in RUNNER_NOT_CODE)
+    ram = 0
+    with open(elf, "rb") as f:
+        for sec in ELFFile(f).iter_sections():
+            if sec.name in (".data", ".bss", ".dk_pools", ".dk_npu_scratch", ".dk_npu_fast"):
+                ram += sec["sh_size"]
+    return Footprint(code, ram, stack_peak, flash.get("model data", 0))
+
+
+def app_footprint(elf: Path, component: Component, stack_peak: int) -> Footprint:
+    """The example application: flash sections (and the load image of .data) less the
+    programs' .dk_model.* sections and the example inputs app_models.h embeds; RAM .data +
+    .bss less the arenas' input buffers: deploykit's runner reads its example inputs in place
+    from flash, an application fills these buffers from its sensors, so neither counts."""
+    from elftools.elf.constants import SH_FLAGS
+    from elftools.elf.elffile import ELFFile
+
+    flash = programs = ram = 0
+    with open(elf, "rb") as f:
+        for sec in ELFFile(f).iter_sections():
+            flags, size = sec["sh_flags"], sec["sh_size"]
+            if not flags & SH_FLAGS.SHF_ALLOC or sec.name == ".stack":
+                continue
+            if sec.name.startswith(".dk_model."):
+                programs += size
+            elif flags & SH_FLAGS.SHF_WRITE:
+                ram += size
+                if sec["sh_type"] != "SHT_NOBITS":
+                    flash += size  # its load image
+            else:
+                flash += size
+    inputs = sum(t.nbytes for m in component.models for t in m.inputs)
+    buffers = sum(m.input_buffers for m in component.models)
+    return Footprint(flash - inputs, ram - buffers, stack_peak, programs, buffers)
