@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from deploykit import api
-from deploykit.boards import load_board
-from deploykit.library_app import (
+from deploykit.readers.boards import load_board
+from deploykit.readers.protocol.error_codes import CODES
+from deploykit.run.library_app import (
     build_app,
     configure_args,
     device_outputs,
@@ -24,7 +25,6 @@ from deploykit.library_app import (
     run_app,
     write_app_data,
 )
-from deploykit.protocol.error_codes import CODES
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
 
 pytestmark = [requires_toolchain, requires_cmake, requires_qemu, requires_sources]
@@ -150,9 +150,9 @@ def test_the_component_is_refused_for_another_cpu(components, tmp_path):
 
 
 def _pico_sources_reason() -> str | None:
-    from deploykit.errors import DeployKitError
     from deploykit.families import get_family
-    from deploykit.sources import load_workspace, require_projects
+    from deploykit.readers.sources import load_workspace, require_projects
+    from deploykit.util.errors import DeployKitError
 
     try:
         require_projects(load_workspace(), list(get_family("rp2350").projects),
@@ -169,9 +169,9 @@ def test_a_pico_sdk_application_builds_to_a_checked_uf2(components, tmp_path):
     """firmware/examples/pico: pico_sdk_init(), find_package, target_link_libraries(app
     pico_stdlib deploykit::...), built by the SDK's own toolchain setup into an ELF that
     deploykit writes as a UF2 and its checker passes (no board here to run it)."""
-    from deploykit.library_app import build_pico_app
-    from deploykit.sources import load_workspace
-    from deploykit.uf2 import check_uf2, write_uf2
+    from deploykit.readers.sources import load_workspace
+    from deploykit.readers.uf2 import check_uf2, write_uf2
+    from deploykit.run.library_app import build_pico_app
 
     board = load_board("pico2")
     component = components("pico2", ("mlp_mnist",), "cortex_m_int8")

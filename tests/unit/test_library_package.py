@@ -15,10 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploykit.boards import load_board
-from deploykit.errors import ConfigError
-from deploykit.export import ExportResult
-from deploykit.library import (
+from deploykit.build.library import (
     ComponentModel,
     TensorSpec,
     c_name,
@@ -28,8 +25,10 @@ from deploykit.library import (
     render_component_sources,
     stage_component,
 )
-from deploykit.plan import MemoryPlan
-from deploykit.profiles import get_profile
+from deploykit.memory.plan import MemoryPlan
+from deploykit.program.export import ExportResult
+from deploykit.readers.boards import load_board
+from deploykit.util.errors import ConfigError
 from tests.markers import requires_cmake, requires_toolchain
 
 BOARD = "qemu-an547"
@@ -154,7 +153,7 @@ def _staged(tmp_path: Path) -> tuple[Path, dict]:
         sources=sources, archives=archives,
         build_facts={"lto": "ON", "compiler": "GNU 12.2.1", "et_runtime": "k",
                      "max_kernel_num": "3"},
-        profile=get_profile("size"), et_commit="e4d02f41f790" + "0" * 28,
+        profile="size", et_commit="e4d02f41f790" + "0" * 28,
         versions={"executorch": "1.4.1"})
     return out, manifest
 

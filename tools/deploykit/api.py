@@ -342,16 +342,16 @@ def library(board: str, models: Sequence[str], out: Path, flow: str | None = Non
             profile: str | None = None, fit: bool = False, name: str | None = None,
             timeout: float = 120.0, work: Path | None = None):
     """A self-contained component of `models` for another CMake project, in `out`
-    (library.py, docs/library.md): one C API per model, one runtime with the union of their
-    kernels. Each model is exported (and, with `fit`, measured) in build/<board>/<model>, and
-    the component built in build/<board>/library-<name>; `work`: both in that directory
+    (pipeline/library.py, docs/library.md): one C API per model, one runtime with the union of
+    their kernels. Each model is exported (and, with `fit`, measured) in build/<board>/<model>,
+    and the component built in build/<board>/library-<name>; `work`: both in that directory
     instead."""
-    from .library import build_library
+    from deploykit.pipeline.library import build_library
 
-    b = load_board(board)
-    return build_library(b, list(models), resolve_flow(b, flow), Path(out), workspace,
-                         progress, profile=_profile(b, profile, False), fit=fit, name=name,
-                         timeout=timeout, work=Path(work) if work is not None else None)
+    resolved = target(board, flow=flow, profile=profile)
+    return build_library(resolved, list(models), Path(out), workspace, progress, fit=fit,
+                         name=name, timeout=timeout,
+                         work=Path(work) if work is not None else None)
 
 
 def profile(board: str, model: str, flow: str | None = None, out: Path | None = None,

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .boards import Board
-from .errors import BuildError, RunError
-from .export import memory_order_bytes
-from .fsutil import write_if_changed
-from .library import Component, ComponentModel
-from .paths import data_root
+from deploykit.build.library import Component, ComponentModel
+from deploykit.program.export import memory_order_bytes
+from deploykit.readers.boards import Board
+from deploykit.util.errors import BuildError, RunError
+from deploykit.util.fsutil import write_if_changed
+from deploykit.util.paths import data_root
 
 EXAMPLE = Path("firmware") / "examples" / "bare_metal"
 _LINE = re.compile(r"^(check \S+|run|init) (\S+) (\d+) (\S+)$")
@@ -261,7 +261,7 @@ def runner_footprint(elf: Path, stack_peak: int) -> Footprint:
     (the stack is counted at its measured peak, as the application's)."""
     from elftools.elf.elffile import ELFFile
 
-    from .sizes import size_report
+    from deploykit.readers.sizes import size_report
 
     flash = dict(size_report(elf.with_suffix(".map"), elf).flash_by_component)
     code = sum(v for k, v in flash.items() if k not in RUNNER_NOT_CODE)

