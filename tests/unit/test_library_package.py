@@ -176,7 +176,7 @@ def test_the_package_layout_manifest_and_readme(tmp_path):
     for rel, digest in saved["files"].items():
         assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == digest, rel
     readme = (out / "README.md").read_text()
-    for line in ("find_package(deploykit_set CONFIG REQUIRED)",
+    for line in ("find_package(deploykit_set CONFIG REQUIRED PATHS",
                  "target_link_libraries(app PRIVATE deploykit::set)", "dk_alpha_init()",
                  "ExecuTorch 1.4.1"):
         assert line in readme

@@ -9,11 +9,11 @@
 extern "C" {
 #endif
 
-void uart_init(void);
-void uart_putc(char c);
-void uart_puts(const char *s);
-void uart_hex(const void *data, uint32_t n);
-void uart_dec(uint32_t v);
+void console_init(void);
+void console_putc(char c);
+void console_puts(const char *s);
+void console_hex(const void *data, uint32_t n);
+void console_dec(uint32_t v);
 void app_exit(int status) __attribute__((noreturn));
 uint32_t app_stack_used(void);
 

@@ -19,22 +19,22 @@ static uint8_t app_arena[APP_FIRST_ARENA_SIZE] __attribute__((aligned(APP_FIRST_
 #endif
 
 static void report(const char *what, const char *model, int code) {
-  uart_puts(what);
-  uart_putc(' ');
-  uart_puts(model);
-  uart_putc(' ');
-  uart_dec((uint32_t)code);
-  uart_putc(' ');
-  uart_puts(dk_error_name(code));
-  uart_putc('\n');
+  console_puts(what);
+  console_putc(' ');
+  console_puts(model);
+  console_putc(' ');
+  console_dec((uint32_t)code);
+  console_putc(' ');
+  console_puts(dk_error_name(code));
+  console_putc('\n');
 }
 
 int main(void) {
   int failures = 0;
-  uart_init();
-  uart_puts("app ");
-  uart_puts(dk_component_info);
-  uart_putc('\n');
+  console_init();
+  console_puts("app ");
+  console_puts(dk_component_info);
+  console_putc('\n');
 #if APP_CHECKS
   const app_model_t *first = &app_models[0];
   report("check run_before_init", first->name, first->run());
@@ -65,19 +65,19 @@ int main(void) {
   for (int m = 0; m < APP_NUM_MODELS && failures == 0; ++m) {
     const app_model_t *model = &app_models[m];
     for (int i = 0; i < model->num_outputs; ++i) {
-      uart_puts("out ");
-      uart_puts(model->name);
-      uart_putc(' ');
-      uart_dec((uint32_t)i);
-      uart_putc(' ');
-      uart_hex(model->output(i), model->output_bytes[i]);
-      uart_putc('\n');
+      console_puts("out ");
+      console_puts(model->name);
+      console_putc(' ');
+      console_dec((uint32_t)i);
+      console_putc(' ');
+      console_hex(model->output(i), model->output_bytes[i]);
+      console_putc('\n');
     }
   }
-  uart_puts("stack ");
-  uart_dec(app_stack_used());
-  uart_puts("\ndone ");
-  uart_dec((uint32_t)failures);
-  uart_putc('\n');
+  console_puts("stack ");
+  console_dec(app_stack_used());
+  console_puts("\ndone ");
+  console_dec((uint32_t)failures);
+  console_putc('\n');
   return failures;
 }

@@ -21,13 +21,13 @@ class Model {
   }
   void print_outputs() const {
     for (int i = 0; i < m_.num_outputs; ++i) {
-      uart_puts("out ");
-      uart_puts(m_.name);
-      uart_putc(' ');
-      uart_dec(static_cast<uint32_t>(i));
-      uart_putc(' ');
-      uart_hex(m_.output(i), m_.output_bytes[i]);
-      uart_putc('\n');
+      console_puts("out ");
+      console_puts(m_.name);
+      console_putc(' ');
+      console_dec(static_cast<uint32_t>(i));
+      console_putc(' ');
+      console_hex(m_.output(i), m_.output_bytes[i]);
+      console_putc('\n');
     }
   }
   const char *name() const { return m_.name; }
@@ -37,23 +37,23 @@ class Model {
 };
 
 void report(const char *what, const char *model, int code) {
-  uart_puts(what);
-  uart_putc(' ');
-  uart_puts(model);
-  uart_putc(' ');
-  uart_dec(static_cast<uint32_t>(code));
-  uart_putc(' ');
-  uart_puts(dk_error_name(code));
-  uart_putc('\n');
+  console_puts(what);
+  console_putc(' ');
+  console_puts(model);
+  console_putc(' ');
+  console_dec(static_cast<uint32_t>(code));
+  console_putc(' ');
+  console_puts(dk_error_name(code));
+  console_putc('\n');
 }
 
 }  // namespace
 
 int main() {
-  uart_init();
-  uart_puts("app ");
-  uart_puts(dk_component_info);
-  uart_putc('\n');
+  console_init();
+  console_puts("app ");
+  console_puts(dk_component_info);
+  console_putc('\n');
   int failures = 0;
   for (const app_model_t &m : app_models) {
     const Model model(m);
@@ -69,10 +69,10 @@ int main() {
     failures += status != DK_OK;
     if (status == DK_OK) model.print_outputs();
   }
-  uart_puts("stack ");
-  uart_dec(app_stack_used());
-  uart_puts("\ndone ");
-  uart_dec(static_cast<uint32_t>(failures));
-  uart_putc('\n');
+  console_puts("stack ");
+  console_dec(app_stack_used());
+  console_puts("\ndone ");
+  console_dec(static_cast<uint32_t>(failures));
+  console_putc('\n');
   return failures;
 }

@@ -36,7 +36,7 @@ uint32_t app_stack_used(void) {
 }
 
 void Fault_Handler(void) {
-  uart_puts("fault\n");
+  console_puts("fault\n");
   app_exit(2);
 }
 

@@ -5,37 +5,37 @@
 
 #define UART ((volatile uint32_t *)APP_UART_BASE)
 
-void uart_init(void) {
+void console_init(void) {
   UART[2] = 0u;  /* CTRL */
   UART[4] = APP_UART_BAUDDIV;
   UART[2] = 1u;  /* TX enable */
 }
 
-void uart_putc(char c) {
+void console_putc(char c) {
   while (UART[1] & 1u) {  /* STATE: TX buffer full */
   }
   UART[0] = (uint32_t)(uint8_t)c;
 }
 
-void uart_puts(const char *s) {
-  while (*s) uart_putc(*s++);
+void console_puts(const char *s) {
+  while (*s) console_putc(*s++);
 }
 
-void uart_hex(const void *data, uint32_t n) {
+void console_hex(const void *data, uint32_t n) {
   static const char digits[] = "0123456789abcdef";
   const uint8_t *p = (const uint8_t *)data;
   for (uint32_t i = 0; i < n; ++i) {
-    uart_putc(digits[p[i] >> 4]);
-    uart_putc(digits[p[i] & 15u]);
+    console_putc(digits[p[i] >> 4]);
+    console_putc(digits[p[i] & 15u]);
   }
 }
 
-void uart_dec(uint32_t v) {
+void console_dec(uint32_t v) {
   char d[10];
   int n = 0;
   do {
     d[n++] = (char)('0' + v % 10u);
     v /= 10u;
   } while (v);
-  while (n) uart_putc(d[--n]);
+  while (n) console_putc(d[--n]);
 }

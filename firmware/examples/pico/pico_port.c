@@ -6,15 +6,15 @@
 #include "app.h"
 #include "pico/stdlib.h"
 
-void uart_init(void) { stdio_init_all(); }
+void console_init(void) { stdio_init_all(); }
 
-void uart_putc(char c) { putchar_raw(c); }
+void console_putc(char c) { putchar_raw(c); }
 
-void uart_puts(const char *s) {
+void console_puts(const char *s) {
   while (*s) putchar_raw(*s++);
 }
 
-void uart_hex(const void *data, uint32_t n) {
+void console_hex(const void *data, uint32_t n) {
   static const char digits[] = "0123456789abcdef";
   const uint8_t *p = (const uint8_t *)data;
   for (uint32_t i = 0; i < n; ++i) {
@@ -23,7 +23,7 @@ void uart_hex(const void *data, uint32_t n) {
   }
 }
 
-void uart_dec(uint32_t v) {
+void console_dec(uint32_t v) {
   char d[10];
   int n = 0;
   do {

@@ -159,8 +159,8 @@ class Component:
                          f"(method {m.plan.method_pool:,}, temp {m.plan.temp_pool:,}, planned "
                          f"{m.planned_total:,}, inputs {m.input_buffers:,}; {m.sizes_source}), "
                          f"program {m.export.pte_size:,} B")
-        lines.append(f"  use it: list(APPEND CMAKE_PREFIX_PATH {self.directory}); "
-                     f"find_package({self.package} CONFIG REQUIRED); "
+        lines.append(f"  use it: find_package({self.package} CONFIG REQUIRED PATHS "
+                     f"{self.directory} NO_CMAKE_FIND_ROOT_PATH); "
                      f"target_link_libraries(app PRIVATE {self.target})")
         return "\n".join(lines)
 

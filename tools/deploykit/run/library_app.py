@@ -99,7 +99,7 @@ def configure_args(component: Component, board: Board, data_dir: Path, *,
     flags = " ".join(cpu_flags if cpu_flags is not None else board.cpu_flags)
     return [f"-DCMAKE_TOOLCHAIN_FILE={example_dir() / 'toolchain.cmake'}",
             f"-DAPP_CPU_FLAGS={flags}",
-            f"-DCMAKE_PREFIX_PATH={component.directory.resolve()}",
+            f"-DAPP_COMPONENT_DIR={component.directory.resolve()}",
             f"-DAPP_COMPONENT={component.name}",
             f"-DAPP_DATA_DIR={data_dir.resolve()}",
             f"-DAPP_MEMORY_LD={(data_dir / 'memory.ld').resolve()}",
@@ -218,7 +218,7 @@ def build_pico_app(component: Component, board: Board, build_dir: Path, pico_sdk
     cmds = [["cmake", "-S", str(source), "-B", str(build_dir / "cmake"), "-G", "Ninja",
              f"-DPICO_SDK_PATH={pico_sdk}", f"-DPICO_BOARD={sdk['board']}",
              f"-DPICO_PLATFORM={sdk['platform']}",
-             f"-DCMAKE_PREFIX_PATH={component.directory.resolve()}",
+             f"-DAPP_COMPONENT_DIR={component.directory.resolve()}",
              f"-DAPP_COMPONENT={component.name}", f"-DAPP_DATA_DIR={data_dir.resolve()}",
              "-DCMAKE_BUILD_TYPE=MinSizeRel"],
             ["cmake", "--build", str(build_dir / "cmake"), "--", "-j2"]]
