@@ -54,7 +54,7 @@ def test_fit_runs_correctly_within_a_quarter_of_the_need(tmp_path_factory, board
     reserved_need = sum(blocks[n]["peak"] for n in RESERVED)
     assert reserved <= 1.25 * reserved_need, (reserved, reserved_need)
     assert fp["ram_total"] <= 1.25 * fp["need"], (fp["ram_total"], fp["need"])
-    assert (out / "footprint.svg").read_text().startswith("<svg")
+    assert "<svg" in (out / "footprint.svg").read_text()
 
     # a later build of the same model is exact without running again
     messages.clear()

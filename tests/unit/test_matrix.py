@@ -8,7 +8,15 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from deploykit.cli import main
-from deploykit.pipeline.matrix import MatrixRow, combinations, markdown, svg, table, to_json
+from deploykit.pipeline.matrix import (
+    MatrixRow,
+    chart,
+    combinations,
+    markdown,
+    svg,
+    table,
+    to_json,
+)
 from deploykit.util.errors import ConfigError, ExitCode
 
 
@@ -78,9 +86,12 @@ def test_outputs_carry_every_row_and_the_reasons():
     assert data["rows"][0]["instructions_per_mac"] == pytest.approx(1_777_265 / 2_656_768)
     assert data["rows"][1]["instructions_per_mac"] is None
     json.dumps(data)  # serialisable as is
-    chart = ET.fromstring(svg(rows))
-    bars = [e for e in chart.iter() if e.tag.endswith("rect")]
-    assert len(bars) == 2  # the rows that ran; the MEMORY row has no instructions
+    ET.fromstring(svg(rows))  # well-formed
+    per_mac, ram = chart(rows).panels
+    drawn = [b for g in per_mac.groups for b in g.bars if b.value is not None]
+    assert len(drawn) == 2  # the rows that ran; the MEMORY row has no instructions
+    (too_big,) = next(g for g in ram.groups if g.label == "mobilenet_v2").bars
+    assert too_big.value is None and too_big.text.endswith(": MEMORY")
 
 
 def _cli(args, capsys):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deploykit.profiling.chart import profile_svg
+from deploykit.profiling.chart import profile_chart
 from deploykit.readers.protocol import decode
 from deploykit.readers.protocol.records import RecordType
 from deploykit.readers.trace import (
@@ -20,6 +20,7 @@ from deploykit.readers.trace import (
     profile_from_records,
     program_instructions,
 )
+from deploykit.util import charts
 from tests import recorded
 from tests.protocol_encoder import StreamEncoder
 
@@ -244,9 +245,14 @@ def test_chart_has_one_bar_per_operator():
     profile = profile_from_records(
         _recorded("profile-tiny_cnn-portable_fp32-qemu-an547.bin"), TINY_CNN_FP32
     )
-    svg = profile_svg(profile, "tiny_cnn")
-    assert svg.count("<rect") == len(profile.rows) == 5
-    assert "aten::convolution.out" in svg
+    chart = profile_chart(profile, "tiny_cnn")
+    (panel,) = chart.panels
+    assert [g.label for g in panel.groups] == [r.operator for r in profile.rows]
+    assert len(panel.groups) == 5
+    assert {g.bars[0].series for g in panel.groups} == {"portable"}
+    svg = charts.render(chart)
+    assert "aten::convolution.out" in svg  # each text group's comment names it
+    # (tests/unit/test_charts.py draws the charts in Chromium and measures every text)
 
 
 def test_report_text_labels_vela_estimates_and_the_ram_cost(tmp_path):
@@ -318,3 +324,29 @@ def test_island_times_follow_program_costs_numbering():
     (timed,) = island_times(profile, (island,), program)
     assert timed.ticks == 30.0 and timed.is_float
     assert timed.description == island.describe()
+
+
+def test_float_island_operators_are_the_ones_the_chart_hatches():
+    from deploykit.profiling.stage import float_island_operators
+    from deploykit.program.costs import Island
+    from deploykit.readers.trace import InstructionTime, Profile
+
+    program = {(0, 0): Instruction("cortex_m::quantized_linear.out", "cortex_m"),
+               (0, 2): Instruction("cortex_m::dequantize_per_tensor.out", "cortex_m"),
+               (0, 3): Instruction("aten::sin.out", "portable"),
+               (0, 4): Instruction("cortex_m::quantize_per_tensor.out", "cortex_m"),
+               (0, 5): Instruction("aten::permute_copy.out", "portable")}
+    profile = Profile("systick", 1_000_000, 0.0, 1, 100.0, [], [], instructions=[
+        InstructionTime(c, i, what.name, 1, 10.0) for (c, i), what in program.items()])
+    float_island = Island(("cortex_m::dequantize_per_tensor.out", "aten::sin.out",
+                           "cortex_m::quantize_per_tensor.out"), 1, 3, True, 0)
+    layout_copy = Island(("aten::permute_copy.out",), 4, 4, False, 0, is_layout_copy=True)
+    assert float_island_operators(profile, (float_island, layout_copy), program) == {
+        "cortex_m::dequantize_per_tensor.out", "aten::sin.out",
+        "cortex_m::quantize_per_tensor.out"}
+
+
+def test_deploykits_own_kernels_are_a_library_of_their_own():
+    assert kernel_of("aten::avg_pool3d.out") == "deploykit"  # firmware/kernels
+    assert kernel_of("aten::add.out") == "portable"
+    assert kernel_of("cortex_m::quantized_add.out") == "cortex_m"

@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, fields
-from html import escape
 from multiprocessing import get_context
 from pathlib import Path
 
+from deploykit.util import charts
 from deploykit.util.errors import ConfigError, DeployKitError
 from deploykit.util.fsutil import write_atomic
 
@@ -298,32 +298,50 @@ def to_json(rows: list[MatrixRow]) -> dict:
     }
 
 
+# The fields a series of the chart is named by, in this order: those that differ between rows.
+SERIES_FIELDS = ("board", "flow", "profile")
+
+
+def chart(rows: list[MatrixRow]) -> charts.Chart:
+    """Grouped bars per model, one bar per board, flow and profile (a series, in the legend):
+    instructions per MAC, and RAM linked against the measured need. A combination that did
+    not run has its result written instead of a bar. No times: the same results give the same
+    file."""
+    varying = [f for f in SERIES_FIELDS if len({getattr(r, f) for r in rows}) > 1]
+    fixed = [getattr(rows[0], f) for f in SERIES_FIELDS if f not in varying] if rows else []
+
+    def series(r: MatrixRow) -> str:
+        return " ".join(getattr(r, f) for f in varying) or "all"
+
+    models = list(dict.fromkeys(r.model for r in rows))
+    order = list(dict.fromkeys(series(r) for r in rows))
+    by_model = {m: sorted((r for r in rows if r.model == m), key=lambda r: order.index(series(r)))
+                for m in models}
+
+    def missing(r: MatrixRow) -> charts.Bar:
+        # No bar to colour: the text names the series, and why there is no value.
+        why = {"": "not run", "PASS": "not measured", "BUILT": "built, not run here"}
+        return charts.Bar(None, series(r), f"{series(r)}: {why.get(r.result, r.result)}")
+
+    per_mac = tuple(charts.Group(m, tuple(
+        charts.Bar(r.instructions_per_mac, series(r), f"{r.instructions_per_mac:.2f}")
+        if r.instructions_per_mac else missing(r) for r in by_model[m])) for m in models)
+    ram = tuple(charts.Group(m, tuple(
+        charts.Bar(r.ram_linked, series(r), f"{r.ram_linked:,}"
+                   + (f" (need {r.ram_need:,})" if r.ram_need else ""), inner=r.ram_need)
+        if r.ram_linked else missing(r) for r in by_model[m])) for m in models)
+    return charts.Chart(
+        "deploykit matrix" + (f": {', '.join(fixed)}" if fixed else ""),
+        (charts.Panel("instructions per MAC (lower is better)",
+                      "instructions per MAC (QEMU icount, inside execute())", per_mac,
+                      integers=False, empty="no combination"),
+         charts.Panel("RAM: linked against the measured need", "bytes", ram,
+                      outer="linked", inner="needed (static data + measured peaks)",
+                      empty="no combination")))
+
+
 def svg(rows: list[MatrixRow]) -> str:
-    """Instructions per MAC of every row that ran, one bar each (no times: reproducible)."""
-    ran = [r for r in rows if r.instructions_per_mac]
-    bar_w, label_w, row_h = 360, 330, 18
-    top = max((r.instructions_per_mac or 0.0 for r in ran), default=1.0)
-    height = 40 + row_h * max(len(ran), 1)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + bar_w + 60}" '
-        f'height="{height}" font-family="sans-serif" font-size="12">',
-        '<text x="4" y="16" font-weight="bold">instructions per MAC (QEMU icount; '
-        "lower is better)</text>",
-    ]
-    for i, r in enumerate(ran):
-        y = 28 + i * row_h
-        w = bar_w * (r.instructions_per_mac or 0.0) / top
-        label = escape(f"{r.model} {r.board} {r.flow} {r.profile}")
-        parts += [
-            f'<text x="4" y="{y + 12}">{label}</text>',
-            f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{row_h - 4}" '
-            f'fill="{"#4a7ebb" if r.result == "PASS" else "#c0504d"}"/>',
-            f'<text x="{label_w + w + 4:.1f}" y="{y + 12}">{r.instructions_per_mac:.2f}</text>',
-        ]
-    if not ran:
-        parts.append('<text x="4" y="40">no combination ran</text>')
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    return charts.render(chart(rows))
 
 
 def write_outputs(rows: list[MatrixRow], out: Path) -> dict[str, Path]:
@@ -332,5 +350,5 @@ def write_outputs(rows: list[MatrixRow], out: Path) -> dict[str, Path]:
     paths = {"json": out / "matrix.json", "markdown": out / "matrix.md", "svg": out / "matrix.svg"}
     write_atomic(paths["json"], json.dumps(to_json(rows), indent=2) + "\n")
     write_atomic(paths["markdown"], markdown(rows))
-    write_atomic(paths["svg"], svg(rows))
+    charts.write(chart(rows), paths["svg"])
     return paths

@@ -1,55 +1,54 @@
-"""The SVG bar chart of a profile: one bar per operator, largest first, with its share."""
+"""The chart of a profile (profile.svg): the operators by time, largest first, each coloured by
+the kernel library it ran on, the operators of float islands hatched (util/charts.py draws it)."""
 
 from __future__ import annotations
 
-from html import escape
+from collections.abc import Collection
 from pathlib import Path
 
 from deploykit.readers.trace import Profile
-from deploykit.util.fsutil import write_atomic
+from deploykit.util import charts
 
-_KERNEL_COLOURS = {"portable": "#4e79a7", "cortex_m": "#f28e2b", "delegate": "#59a14f"}
+# The kernel libraries (readers/trace.kernel_of) as the legend names them, each with a colour
+# of its own in every chart, in legend order. cortex_m's kernels are CMSIS-NN's.
+KERNELS = {
+    "cortex_m": ("CMSIS-NN (cortex_m)", charts.PALETTE[1]),
+    "deploykit": ("deploykit's own", charts.PALETTE[2]),
+    "portable": ("portable", charts.PALETTE[0]),
+    "delegate": ("delegate", charts.PALETTE[6]),
+    "unknown": ("unknown", charts.MISSING_COLOUR),
+}
 
 
-def profile_svg(profile: Profile, title: str) -> str:
-    bar_h, gap, label_w, bar_w, top = 18, 6, 330, 420, 40
-    rows = profile.rows
-    height = top + len(rows) * (bar_h + gap) + 30
-    width = label_w + bar_w + 200
-    largest = max((r.ticks for r in rows), default=1.0) or 1.0
+def _kernel(kernel: str) -> str:
+    return KERNELS.get(kernel, (kernel, ""))[0]
+
+
+def profile_chart(profile: Profile, title: str,
+                  float_operators: Collection[str] = ()) -> charts.Chart:
+    """`float_operators`: the operators that run in a float island (profiling/stage.py)."""
     total = profile.total_ticks or 1.0
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'font-family="monospace" font-size="12">',
-        f'<text x="10" y="20" font-size="14">{escape(title)}</text>',
-    ]
-    for i, r in enumerate(rows):
-        y = top + i * (bar_h + gap)
-        w = max(1.0, bar_w * r.ticks / largest)
-        colour = _KERNEL_COLOURS.get(r.kernel, "#9c9c9c")
-        out.append(
-            f'<text x="{label_w - 8}" y="{y + 13}" text-anchor="end">'
-            f"{escape(r.operator)} ({escape(r.kernel)})</text>"
-        )
-        out.append(
-            f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" '
-            f'fill="{colour}"><title>{escape(r.operator)}: '
-            f"{profile.value(r.ticks):,.0f} {profile.unit}</title></rect>"
-        )
-        out.append(
-            f'<text x="{label_w + w + 6:.1f}" y="{y + 13}">'
-            f"{profile.value(r.ticks):,.0f} {profile.unit} "
-            f"({100 * r.ticks / total:.1f}%)</text>"
-        )
-    y = top + len(rows) * (bar_h + gap) + 18
-    out.append(
-        f'<text x="10" y="{y}">execute() total: {profile.value(profile.total_ticks):,.0f} '
-        f"{profile.unit} over {profile.iterations} run(s)</text>"
+    groups = tuple(
+        charts.Group(r.operator, (charts.Bar(
+            profile.value(r.ticks), _kernel(r.kernel),
+            f"{profile.value(r.ticks):,.0f} ({100 * r.ticks / total:.1f}%)",
+            marked=r.operator in float_operators),))
+        for r in profile.rows)
+    rest = profile.total_ticks - profile.operator_ticks
+    panel = charts.Panel(
+        "operators by time (share of execute())",
+        f"{profile.unit}, {profile.iterations} run(s)",
+        groups,
+        colours=tuple(KERNELS.values()),
+        marked="in a float island",
+        empty="no operator events",
     )
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    notes = (f"execute() total: {profile.value(profile.total_ticks):,.0f} {profile.unit} over "
+             f"{profile.iterations} run(s); between operators (the runtime): "
+             f"{profile.value(rest):,.0f} ({100 * rest / total:.1f}%)",)
+    return charts.Chart(title, (panel,), notes)
 
 
-def write_svg(profile: Profile, title: str, path: Path) -> Path:
-    write_atomic(path, profile_svg(profile, title))
-    return path
+def write_svg(profile: Profile, title: str, path: Path,
+              float_operators: Collection[str] = ()) -> Path:
+    return charts.write(profile_chart(profile, title, float_operators), path)

@@ -106,6 +106,16 @@ def island_times(profile: Profile, islands: tuple[Island, ...],
             for island in islands]
 
 
+def float_island_operators(profile: Profile, islands: tuple[Island, ...],
+                           program: dict[tuple[int, int], Instruction]) -> frozenset[str]:
+    """The operators with a call inside a float island (their bars are hatched in the chart)."""
+    calls = sorted(program)
+    inside = {k for island in islands if island.is_float
+              for k in calls[island.first:island.last + 1]}
+    return frozenset(i.operator for i in profile.instructions
+                     if (i.chain, i.instruction) in inside)
+
+
 @dataclass
 class ProfileReport:
     board: str
@@ -305,11 +315,13 @@ def profile_model(
     if etrecord.exists():
         files["etrecord"] = etrecord
     write_etdump(profile, files["etdump"])
+    islands = traced.planned.program.islands
     write_svg(
         profile,
         f"{exported.model_name} ({target.flow.name}) on {board.name}: {profile.unit} per "
         "operator",
         files["chart"],
+        float_island_operators(profile, islands, program),
     )
     plain_timing = plain_run.records.timing
     report = ProfileReport(
@@ -326,7 +338,7 @@ def profile_model(
             for d in traced.planned.program.delegates
             if d.vela_estimate is not None
         },
-        island_times(profile, traced.planned.program.islands, program),
+        island_times(profile, islands, program),
     )
     write_atomic(files["profile.json"], json.dumps(report.json(), indent=2) + "\n")
     return report

@@ -64,8 +64,25 @@ def _python_package(name: str) -> Check:
                  "" if ok else f"{_pip()} {name}=={PINNED[name]}", "export")
 
 
+def charts_check() -> Check:
+    """matplotlib, which draws every chart (util/charts.py): an environment made before it was
+    a dependency lacks it until scripts/install runs again."""
+    from deploykit.util.charts import MATPLOTLIB_MIN, MISSING_HINT
+
+    try:
+        version = metadata.version("matplotlib")
+    except metadata.PackageNotFoundError:
+        return Check("matplotlib", False, "not installed", MISSING_HINT, "charts")
+    ok = _version_tuple(version) >= _version_tuple(MATPLOTLIB_MIN)
+    return Check("matplotlib", ok, version, "" if ok else MISSING_HINT, "charts")
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+
+
 def run_checks(workspace: Path | None = None) -> list[Check]:
-    checks = [_python_package("torch"), _python_package("executorch")]
+    checks = [_python_package("torch"), _python_package("executorch"), charts_check()]
     for tool, purpose in (("arm-none-eabi-gcc", "build"), ("cmake", "build"),
                           ("ninja", "build"), ("qemu-system-arm", "run")):
         version = _tool_version(tool)

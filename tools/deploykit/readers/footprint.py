@@ -1,7 +1,7 @@
 """The build's footprint report: flash by component, RAM blocks against their peaks.
 
 `deploykit build` ends with this table and writes it as `<out>/footprint.json` and as a bar chart
-`<out>/footprint.svg` (hand-written SVG: deterministic, no plotting library). Flash is the image
+`<out>/footprint.svg` (util/charts.py: the same footprint gives the same bytes). Flash is the image
 by component (readers/sizes.py: runtime core, each kernel library, model data, runner, ...). RAM is
 each reserved block (method pool, temp pool, planned buffers, stack, heap) with its size and
 its peak, and the rest of the static RAM (.data/.bss) by component. Peaks come from a
@@ -12,10 +12,10 @@ the plan's estimates (labelled so).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from html import escape
 from pathlib import Path
 
 from deploykit.readers.sizes import SizeReport
+from deploykit.util import charts
 from deploykit.util.fsutil import write_if_changed
 
 # RAM block label -> the memory record's name for its peak.
@@ -99,13 +99,13 @@ class Footprint:
                 "peak_source": self.peak_source, "notes": list(self.notes)}
 
     def svg(self) -> str:
-        return _svg(self)
+        return charts.render(chart(self))
 
     def write(self, out: Path) -> tuple[Path, Path]:
         import json
 
         svg, js = out / "footprint.svg", out / "footprint.json"
-        write_if_changed(svg, self.svg())
+        charts.write(chart(self), svg)
         write_if_changed(js, json.dumps(self.to_json(), indent=2) + "\n")
         return svg, js
 
@@ -146,69 +146,43 @@ def footprint(sizes: SizeReport, title: str, peaks: dict[str, int] | None = None
     return Footprint(title, flash, tuple(blocks), static, peak_source, notes)
 
 
-# ---- SVG ------------------------------------------------------------------------------------
+# ---- chart -----------------------------------------------------------------------------------
 
-_W = 760
-_LABEL_W = 210
-_BAR_W = 400
-_ROW = 20
-_PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
-            "#ff9da7", "#9c755f", "#bab0ac")
+CODE, DATA = "code", "model data and inputs"
+# Flash components that are data, not code (readers/sizes.py names them).
+DATA_COMPONENTS = ("model data", "model inputs")
 
 
-def _svg(fp: Footprint) -> str:
-    rows: list[str] = []
-    y = 30
-
-    def text(x: float, yy: float, s: str, anchor: str = "start", weight: str = "normal",
-             size: int = 12) -> str:
-        return (f'<text x="{x:.1f}" y="{yy:.1f}" text-anchor="{anchor}" font-size="{size}" '
-                f'font-weight="{weight}">{escape(s)}</text>')
-
-    rows.append(text(10, 18, fp.title, weight="bold", size=14))
-    # Flash: one bar per component, scaled to the largest.
-    y += 6
-    rows.append(text(10, y, f"Flash: {fp.flash_total:,} B", weight="bold"))
-    y += 8
-    biggest = max((v for _, v in fp.flash), default=1) or 1
-    for i, (name, size) in enumerate(fp.flash):
-        w = _BAR_W * size / biggest
-        rows.append(text(10, y + 14, name))
-        rows.append(f'<rect x="{_LABEL_W}" y="{y + 3}" width="{w:.1f}" height="{_ROW - 6}" '
-                    f'fill="{_PALETTE[i % len(_PALETTE)]}"/>')
-        rows.append(text(_LABEL_W + w + 6, y + 14, f"{size:,}"))
-        y += _ROW
-    # RAM: each block's size (light), its peak (dark) on top.
-    y += 18
+def chart(fp: Footprint) -> charts.Chart:
+    """Flash by component; RAM by block, linked size against peak; .data/.bss by component."""
+    total = fp.flash_total or 1
+    flash = charts.Panel(
+        f"flash: {fp.flash_total:,} B", "bytes",
+        tuple(charts.Group(name, (charts.Bar(
+            size, DATA if name in DATA_COMPONENTS else CODE,
+            f"{size:,} ({100 * size / total:.1f}%)"),)) for name, size in fp.flash),
+        colours=((CODE, charts.PALETTE[0]), (DATA, charts.PALETTE[5])))
     need = fp.need
-    rows.append(text(10, y, f"RAM: {fp.ram_total:,} B linked"
-                     + (f", {need:,} B needed ({fp.ram_total / need:.2f}x)" if need else ""),
-                     weight="bold"))
-    y += 8
-    biggest = max((max(b.size, b.peak or 0) for b in fp.ram), default=1) or 1
+    ram_groups = []
     for b in fp.ram:
-        w = _BAR_W * b.size / biggest
-        rows.append(text(10, y + 14, b.name))
-        rows.append(f'<rect x="{_LABEL_W}" y="{y + 3}" width="{w:.1f}" height="{_ROW - 6}" '
-                    f'fill="#c6dbef" stroke="#4e79a7" stroke-width="0.5"/>')
-        if b.peak is not None:
-            pw = _BAR_W * b.peak / biggest
-            rows.append(f'<rect x="{_LABEL_W}" y="{y + 6}" width="{pw:.1f}" '
-                        f'height="{_ROW - 12}" fill="#08519c"/>')
-        label = f"{b.size:,}" + (f" (peak {b.peak:,})" if b.peak is not None
-                                 and b.name != STATIC_LABEL else "")
-        rows.append(text(_LABEL_W + max(w, _BAR_W * (b.peak or 0) / biggest) + 6, y + 14,
-                         label))
-        y += _ROW
-    y += 10
-    rows.append(f'<rect x="{_LABEL_W}" y="{y}" width="14" height="10" fill="#c6dbef" '
-                f'stroke="#4e79a7" stroke-width="0.5"/>')
-    rows.append(text(_LABEL_W + 20, y + 9, "linked size", size=11))
-    rows.append(f'<rect x="{_LABEL_W + 110}" y="{y}" width="14" height="10" fill="#08519c"/>')
-    rows.append(text(_LABEL_W + 130, y + 9, "peak" + (f": {fp.peak_source}" if fp.peak_source
-                                                     else ""), size=11))
-    height = y + 24
-    body = "\n  ".join(rows)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" '
-            f'viewBox="0 0 {_W} {height}" font-family="sans-serif">\n'
-            f'  <rect width="{_W}" height="{height}" fill="white"/>\n  {body}\n</svg>\n')
+        if b.name == STATIC_LABEL:  # needed as linked: its peak is its size
+            text = f"{b.size:,}"
+        elif b.peak is None:
+            text = f"{b.size:,} (peak not known)"
+        else:
+            text = f"{b.size:,} (peak {b.peak:,}" + (f", {100 * b.use:.0f}%)" if b.use is not None
+                                                      else ")")
+        ram_groups.append(charts.Group(b.name, (charts.Bar(b.size, "", text, inner=b.peak),)))
+    ram = charts.Panel(
+        f"RAM: {fp.ram_total:,} B linked"
+        + (f", {need:,} B needed ({fp.ram_total / need:.2f}x)" if need else ""),
+        "bytes", tuple(ram_groups), colours=(("", charts.PALETTE[0]),),
+        outer="linked size", inner="peak" + (f" ({fp.peak_source})" if fp.peak_source else ""))
+    panels = [flash, ram]
+    if fp.static_by_component:
+        panels.append(charts.Panel(
+            f"{STATIC_LABEL} by component", "bytes",
+            tuple(charts.Group(n, (charts.Bar(v, "", f"{v:,}"),))
+                  for n, v in fp.static_by_component),
+            colours=(("", charts.PALETTE[4]),)))
+    return charts.Chart(fp.title, tuple(panels), fp.notes)

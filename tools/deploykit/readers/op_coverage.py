@@ -114,6 +114,12 @@ def kernel_tables(executorch_sources: Path | None = None) -> KernelTables:
     )
 
 
+@cache
+def deploykit_kernel_ops() -> frozenset[str]:
+    """The operators of deploykit's own kernels (firmware/kernels/functions.yaml)."""
+    return frozenset(_select_kernels().entries(data_root() / DK_KERNELS_YAML))
+
+
 def workspace_executorch() -> Path | None:
     """The sources workspace's ExecuTorch tree ($DEPLOYKIT_WORKSPACE or the default), if
     there is one; an export needs no sources, so none is fine."""

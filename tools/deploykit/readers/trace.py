@@ -34,9 +34,14 @@ class Instruction:
 
 
 def kernel_of(operator: str) -> str:
-    """The kernel library an operator of the program's table runs on in deploykit firmware."""
+    """The kernel library an operator of the program's table runs on in deploykit firmware:
+    cortex_m (CMSIS-NN), deploykit (its own kernels, firmware/kernels) or portable."""
+    from deploykit.readers.op_coverage import deploykit_kernel_ops
+
     if operator.startswith("cortex_m::"):
         return "cortex_m"
+    if operator in deploykit_kernel_ops():
+        return "deploykit"
     return "portable"
 
 
