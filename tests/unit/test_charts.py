@@ -126,6 +126,7 @@ KINDS = {
     "footprint": footprint_with_long_names,
     "matrix": lambda: matrix_chart(matrix_rows()),
     "bench": bench_chart,
+    "empty": lambda: matrix_chart([]),  # a matrix whose filter ran nothing: says so
 }
 
 
@@ -158,6 +159,8 @@ def test_the_footprint_chart_has_flash_ram_against_peak_and_static_data():
     assert {g.bars[0].series for g in flash.groups} == {"code", "model data and inputs"}
     blocks = {g.label: g.bars[0] for g in ram.groups}
     assert (blocks["stack"].value, blocks["stack"].inner) == (32_768, 1_920)
+    # a peak not known: a size only (drawn light, as the linked size of the others)
+    assert blocks["temp pool + Ethos-U scratch"].inner is None
     assert blocks["temp pool + Ethos-U scratch"].text == "304 (peak not known)"
     assert ram.inner == "peak (measured on the target (run))"
     assert [g.label for g in static.groups][0] == "board + protocol"
@@ -292,6 +295,21 @@ def test_every_text_is_whole_inside_the_canvas(kind, browser, tmp_path):
     covered = [(a["text"], b["text"]) for i, a in enumerate(texts) for b in texts[i + 1:]
                if _overlap(a["box"], b["box"]) > 1.0]
     assert covered == []
+
+
+def test_the_readme_chart_is_whole(browser):
+    """docs/images/profile.svg (deploykit's profile of the int8 transformer block on
+    qemu-an547), which the README shows."""
+    svg = REPO / "docs" / "images" / "profile.svg"
+    assert "(docs/images/profile.svg)" in (REPO / "README.md").read_text()
+    text = svg.read_text()
+    assert "/work/" not in text and "/tmp/" not in text and "/home/" not in text
+    drawn = drawn_texts(browser, svg)
+    left, top, right, bottom = drawn["canvas"]
+    texts = drawn["texts"]
+    assert any(t["text"] == "cortex_m::quantized_batch_matmul.out" for t in texts)
+    assert all(left <= t["box"][0] and t["box"][2] <= right and top <= t["box"][1]
+               and t["box"][3] <= bottom for t in texts)
 
 
 def test_a_60_character_operator_name_and_its_share_are_drawn_whole(browser, tmp_path):

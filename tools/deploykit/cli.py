@@ -249,11 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Build the firmware with deploykit's streaming EventTracer "
                        "(and the plain firmware, to measure what profiling costs in RAM), run "
                        "both on the board's runner and print one row per operator: kernel "
-                       "(portable, cortex_m = CMSIS-NN, delegate), calls, time (instructions "
-                       "under QEMU, cycles on hardware, and microseconds), share and cumulative "
-                       "share of execute(). Writes <out>/profile/: profile.json, profile.svg and "
-                       "model.etdump, which executorch.devtools.Inspector opens with "
-                       "<out>/export/model.etrecord (docs/profiling.md).")
+                       "(portable, cortex_m = CMSIS-NN, deploykit's own, delegate), calls, time "
+                       "(instructions under QEMU, cycles on hardware, and microseconds), share and "
+                       "cumulative share of execute(). Writes <out>/profile/: profile.json, "
+                       "profile.svg and model.etdump, which executorch.devtools.Inspector opens "
+                       "with <out>/export/model.etrecord (docs/profiling.md).")
     _common(p)
     _fit_option(p)
     p.add_argument("--timeout", type=float, default=120.0,
@@ -286,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Build every board x model x flow x profile the filter "
                        "selects, run each where the board's runner is available here, and "
                        "write one table (terminal, <out>/matrix.md), <out>/matrix.json and "
-                       "<out>/matrix.svg: result (PASS or the failure class), flash and RAM as "
+                       "<out>/matrix.svg (instructions per MAC and RAM, grouped per model): "
+                       "result (PASS or the failure class), flash and RAM as "
                        "linked, RAM needed, instructions per inference, MACs, instructions per "
                        "MAC, planned activation memory against its lower bound, NPU segments "
                        "with Vela's estimate, CPU-fallback ops. A combination that cannot work "

@@ -108,10 +108,21 @@ def island_times(profile: Profile, islands: tuple[Island, ...],
 
 def float_island_operators(profile: Profile, islands: tuple[Island, ...],
                            program: dict[tuple[int, int], Instruction]) -> frozenset[str]:
-    """The operators with a call inside a float island (their bars are hatched in the chart)."""
+    """The operators that compute in a float island (their bars are hatched in the chart): its
+    fallback kernels, not the dequantize and quantize around them, which are int8 kernels that
+    mostly run outside islands."""
     calls = sorted(program)
-    inside = {k for island in islands if island.is_float
-              for k in calls[island.first:island.last + 1]}
+    inside = set()
+    for island in (i for i in islands if i.is_float):
+        first, last = island.first, island.last
+        # program/costs.py widens an island by the dequantize before it and the quantize after
+        if last > first and island.ops[0].split(".")[0].endswith("dequantize_per_tensor"):
+            first += 1
+        tail = island.ops[-1].split(".")[0]
+        if (last > first and tail.endswith("quantize_per_tensor")
+                and not tail.endswith("dequantize_per_tensor")):
+            last -= 1
+        inside.update(calls[first:last + 1])
     return frozenset(i.operator for i in profile.instructions
                      if (i.chain, i.instruction) in inside)
 

@@ -85,6 +85,7 @@ _RC = {
     "hatch.linewidth": 0.8,
 }
 _METADATA = {"Date": None, "Creator": "deploykit"}
+_TEXT_GROUND = {"boxstyle": "square,pad=0.15", "facecolor": "white", "edgecolor": "none"}
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,9 @@ def _draw_panel(fig: Figure, panel: Panel) -> _Drawn:
     ticks, labels = [], []
     y = 0.0
     grouped = any(len(g.bars) > 1 for g in panel.groups)
+    # In a panel of sizes against peaks, a bar whose peak is not known is drawn as a size only
+    # (light), not as a full bar that would read as all of it used.
+    with_inner = any(b.inner is not None for g in panel.groups for b in g.bars)
     for gi, group in enumerate(panel.groups):
         if gi and grouped:
             y += GROUP_GAP
@@ -268,17 +272,19 @@ def _draw_panel(fig: Figure, panel: Panel) -> _Drawn:
                 y += 1
                 continue
             hatch = "////" if bar.marked else None
-            if bar.inner is not None:
+            if with_inner:
                 ax.barh(y, bar.value, height=0.8, color=colour, alpha=OUTER_ALPHA,
                         edgecolor=colour, linewidth=0.6)
-                ax.barh(y, bar.inner, height=0.45, color=colour, hatch=hatch,
-                        edgecolor="#222222" if hatch else colour, linewidth=0)
+                if bar.inner is not None:
+                    ax.barh(y, bar.inner, height=0.45, color=colour, hatch=hatch,
+                            edgecolor="#222222" if hatch else colour, linewidth=0)
             else:
                 ax.barh(y, bar.value, height=0.8, color=colour, hatch=hatch,
                         edgecolor="#222222" if hatch else colour, linewidth=0)
             end = max(bar.value, bar.inner or 0.0)
+            # On a white ground: a goal line or a grid line behind it never crosses the text.
             t = ax.text(end, y, bar.text or bar_text(bar.value, panel.integers), va="center",
-                        ha="left", fontsize=TEXT_SIZE)
+                        ha="left", fontsize=TEXT_SIZE, bbox=_TEXT_GROUND)
             texts.append((t, end))
             y += 1
     rows = max(y, 1.0)
@@ -301,7 +307,6 @@ def _draw_panel(fig: Figure, panel: Panel) -> _Drawn:
     used = {b.series for g in panel.groups for b in g.bars if b.value is not None}
     if len(used) > 1 or (used and "" not in used):
         handles += [Patch(color=c, label=s) for s, c in colours.items() if s in used]
-    with_inner = any(b.inner is not None for g in panel.groups for b in g.bars)
     if with_inner and (panel.outer or panel.inner):
         handles += [Patch(color="#444444", alpha=OUTER_ALPHA, label=panel.outer),
                     Patch(color="#444444", label=panel.inner)]
