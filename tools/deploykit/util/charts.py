@@ -134,7 +134,8 @@ class Chart:
 # ---- public ----------------------------------------------------------------------------------
 
 def render(chart: Chart) -> str:
-    """The chart as an SVG document (the same bytes for the same chart)."""
+    """The chart as an SVG document (the same bytes for the same chart). matplotlib's settings
+    are global: one chart at a time per process (the matrix's workers are processes)."""
     with _matplotlib():
         fig = _draw(chart)
         out = io.BytesIO()
@@ -150,14 +151,14 @@ def write(chart: Chart, path: Path) -> Path:
     return path
 
 
-def bar_text(value: float, integers: bool = True) -> str:
+def _bar_text(value: float, integers: bool = True) -> str:
     return f"{value:,.0f}" if integers else f"{value:,.3g}"
 
 
 # ---- drawing ---------------------------------------------------------------------------------
 
 @contextmanager
-def _matplotlib() -> Iterator[Any]:
+def _matplotlib() -> Iterator[None]:
     """matplotlib with deploykit's settings on its own defaults (a user's matplotlibrc or
     style would change the bytes), restored afterwards."""
     try:
@@ -169,7 +170,7 @@ def _matplotlib() -> Iterator[Any]:
     with matplotlib.rc_context():
         matplotlib.rcdefaults()
         matplotlib.rcParams.update(_RC)
-        yield matplotlib
+        yield
 
 
 @dataclass
@@ -283,7 +284,7 @@ def _draw_panel(fig: Figure, panel: Panel) -> _Drawn:
                         edgecolor="#222222" if hatch else colour, linewidth=0)
             end = max(bar.value, bar.inner or 0.0)
             # On a white ground: a goal line or a grid line behind it never crosses the text.
-            t = ax.text(end, y, bar.text or bar_text(bar.value, panel.integers), va="center",
+            t = ax.text(end, y, bar.text or _bar_text(bar.value, panel.integers), va="center",
                         ha="left", fontsize=TEXT_SIZE, bbox=_TEXT_GROUND)
             texts.append((t, end))
             y += 1

@@ -14,8 +14,9 @@ import logging
 import os
 from pathlib import Path
 
-# Loggers whose warnings come at import time, before deploykit has said anything.
-NOISY_LOGGERS = ("torchao", "torch.utils._pytree", "py.warnings")
+# Loggers whose warnings come at import time, before deploykit has said anything (matplotlib:
+# "building the font cache" on the first chart a user draws).
+NOISY_LOGGERS = ("torchao", "torch.utils._pytree", "py.warnings", "matplotlib")
 
 
 def log_path() -> Path:
