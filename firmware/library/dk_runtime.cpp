@@ -3,7 +3,8 @@
  *
  * - dk_lib_runtime_init(): the ExecuTorch runtime's start (et_pal_init) and the one
  *   registration of the union of the models' kernels and primitive operators into the one
- *   kernel registry, on the first dk_<model>_init(); later calls return its result.
+ *   kernel registry (and, for Ethos-U models, of ExecuTorch's EthosUBackend), on the first
+ *   dk_<model>_init(); later calls return its result.
  * - The ExecuTorch platform layer (strong definitions over the runtime's weak minimal PAL): no
  *   timer, no log output (the runtime is built without logging in the size and speed
  *   profiles), no heap (every allocation comes from a model's arena); an abort calls
@@ -19,8 +20,9 @@
 
 #include "deploykit.h"
 
-extern "C" int dk_lib_register_model_kernels(void);  // dk_deferred_kernels.cpp
-extern "C" int dk_lib_register_prim_ops(void);       // dk_deferred_prim_ops.cpp
+extern "C" int dk_lib_register_model_kernels(void);    // dk_deferred_kernels.cpp
+extern "C" int dk_lib_register_prim_ops(void);         // dk_deferred_prim_ops.cpp
+extern "C" int dk_lib_register_ethos_u_backend(void);  // dk_deferred_ethos_u_backend.cpp
 
 namespace {
 bool runtime_started = false;
@@ -36,6 +38,9 @@ extern "C" int dk_lib_runtime_init(void) {
 #endif
 #if DK_LIB_HAS_MODEL_KERNELS
   if (status == DK_OK) status = dk_lib_register_model_kernels();
+#endif
+#if DK_ETHOS_U
+  if (status == DK_OK) status = dk_lib_register_ethos_u_backend();
 #endif
   runtime_started = true;
   runtime_status = status;

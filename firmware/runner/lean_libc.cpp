@@ -17,10 +17,21 @@
  * - operator delete: nothing is allocated with new (et_pal_allocate returns null, the pools
  *   are static), but virtual destructors' deleting variants reference it, which pulls in
  *   free() and malloc(). Reaching it is reported like abort().
+ * - With DK_LEAN_LIBC_HANDLE_POOL=1 (a library component with ExecuTorch's EthosUBackend,
+ *   firmware/library/ethos_u.cmake): operator new(size_t, std::nothrow_t) from a small pool of
+ *   fixed slots, and operator delete giving a pool slot back. EthosUBackend::init allocates one
+ *   ExecutionHandle (two pointers) per delegate with new (std::nothrow), and destroy() deletes
+ *   it when the application reloads the model (dk_<model>_init() again), so the slots are
+ *   reused; deleting anything else is still reported like abort(). (The runner never unloads a
+ *   method: its NPU glue serves the handles from a bump arena, firmware/runner/npu_ethos_u.cpp.)
  */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#if DK_LEAN_LIBC_HANDLE_POOL
+#include <new>
+#endif
 
 #include "dk_board.h"
 #include "dk_errors.h"
@@ -228,7 +239,48 @@ int __cxa_atexit(void (*)(void *), void *, void *) { return 0; }
 
 }  // extern "C"
 
+#if DK_LEAN_LIBC_HANDLE_POOL
+namespace std {
+// The tag new (std::nothrow) passes, which libsupc++ defines: a C application is linked without
+// it. Weak, so that a C++ application's libsupc++ definition wins.
+__attribute__((weak)) extern const nothrow_t nothrow{};
+}  // namespace std
+
+namespace {
+constexpr size_t kHandleSlot = 16u;   // an ExecutionHandle is 8 bytes on 32-bit Arm
+constexpr uint32_t kHandleSlots = 16u;  // delegates of all the models loaded at once
+alignas(8) uint8_t handle_pool[kHandleSlots][kHandleSlot];
+uint32_t handles_used;  // one bit per slot
+
+bool release_handle(void *p) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t start = reinterpret_cast<uintptr_t>(handle_pool);
+  if (at < start || at >= start + sizeof handle_pool || (at - start) % kHandleSlot != 0u)
+    return false;
+  handles_used &= ~(1u << ((at - start) / kHandleSlot));
+  return true;
+}
+}  // namespace
+
+void *operator new(size_t size, const std::nothrow_t &) noexcept {
+  if (size > kHandleSlot) return nullptr;  // the delegate's init fails: MemoryAllocationFailed
+  for (uint32_t i = 0; i < kHandleSlots; ++i) {
+    if (!(handles_used & (1u << i))) {
+      handles_used |= 1u << i;
+      return handle_pool[i];
+    }
+  }
+  return nullptr;
+}
+
+void operator delete(void *p) noexcept {
+  if (p == nullptr || release_handle(p)) return;
+  report_abort("operator delete called (no heap)");
+}
+void operator delete(void *p, size_t) noexcept { operator delete(p); }
+#else
 void operator delete(void *) noexcept { report_abort("operator delete called (no heap)"); }
 void operator delete(void *, size_t) noexcept {
   report_abort("operator delete called (no heap)");
 }
+#endif

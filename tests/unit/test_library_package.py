@@ -25,7 +25,7 @@ from deploykit.build.library import (
     render_component_sources,
     stage_component,
 )
-from deploykit.memory.plan import MemoryPlan
+from deploykit.memory.plan import MemoryPlan, PlanItem
 from deploykit.program.export import ExportResult
 from deploykit.readers.boards import load_board
 from deploykit.util.errors import ConfigError
@@ -34,7 +34,10 @@ from tests.markers import requires_cmake, requires_toolchain
 BOARD = "qemu-an547"
 
 
-def _model(tmp_path: Path, name: str, *, int8_io: bool = False) -> ComponentModel:
+def _model(tmp_path: Path, name: str, *, int8_io: bool = False,
+           npu: tuple[str, str, int, int] | None = None) -> ComponentModel:
+    """A model of the component; `npu` = (program region, scratch region, Vela scratch, fast
+    arena): its plan has the Ethos-U items a program with delegates gets (memory/plan.py)."""
     pte = tmp_path / f"{name}.pte"
     pte.write_bytes(name.encode() * 8)
     ops = tmp_path / f"{name}.ops.yaml"
@@ -56,8 +59,18 @@ def _model(tmp_path: Path, name: str, *, int8_io: bool = False) -> ComponentMode
                          scale, -128 if int8_io else 0),)
     outputs = (TensorSpec("output", 0, dtype, (1, 12), (0, 1), 12 * size, True, scale,
                           5 if int8_io else 0),)
-    plan = MemoryPlan(BOARD, (), (), method_pool=1872, temp_pool=176, planned_buffers=(816,))
-    return ComponentModel(c_name(name), name, "cortex_m_int8", export, plan, "test sizes",
+    items: tuple[PlanItem, ...] = ()
+    flow = "cortex_m_int8"
+    if npu is not None:
+        model_region, scratch_region, scratch, fast = npu
+        items = (PlanItem("model (.pte constant data)", "model", 80, "pte", model_region),
+                 PlanItem("Ethos-U scratch (test, largest of 1 delegate)", "npu_scratch", scratch,
+                          "pte", scratch_region),
+                 *([PlanItem("Ethos-U fast scratch (test)", "npu_scratch", fast, "board",
+                             "sram")] if fast else []))
+        flow = "ethos_u_int8"
+    plan = MemoryPlan(BOARD, items, (), method_pool=1872, temp_pool=176, planned_buffers=(816,))
+    return ComponentModel(c_name(name), name, flow, export, plan, "test sizes",
                           inputs, outputs)
 
 
@@ -70,6 +83,8 @@ def test_c_names_are_identifiers_and_never_collide():
         check_names(["ds_cnn", "other/DS-CNN.py"])
     with pytest.raises(ConfigError, match="shared API"):
         check_names(["error_name"])
+    with pytest.raises(ConfigError, match="shared API"):
+        check_names(["models/NPU.py"])  # dk_npu_init is the NPU's
     assert component_name(["a", "b"], None) == "a_b"
     with pytest.raises(ConfigError, match="--name my_set"):
         component_name(["a"], "my-set")
@@ -135,6 +150,106 @@ def test_the_api_compiles_warning_free(tmp_path, language):
     for source in [use] + ([src / "deploykit.c"] if language == "c" else []):
         subprocess.run([compiler, *flags, "-I", str(src / "include"), "-c", str(source), "-o",
                         str(tmp_path / (source.name + ".o"))], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("board_name", ["corstone-300", "corstone-320"])
+def test_an_npu_component_declares_the_npu_with_the_board_files_values(tmp_path, board_name):
+    """deploykit.h of a component with Ethos-U models declares dk_npu_init() and
+    dk_npu_irq_handler() and defines the board file's NPU facts (read here from the board file,
+    never written in the test); each NPU model's header has its NPU arena, whose section and
+    region the plan decided; a CPU component's has none of it."""
+    board = load_board(board_name)
+    npu = board.npu
+    assert npu is not None and board.cpu.get("security") == "secure"
+    models = [_model(tmp_path, "alpha", int8_io=True, npu=("ddr", "sram", 3568, 0)),
+              _model(tmp_path, "beta")]
+    render_component_sources(models, "set", board, tmp_path / "src", "test")
+    common = (tmp_path / "src/include/deploykit.h").read_text()
+    for line in ("int dk_npu_init(void *npu_base, int secure_enable, int privilege_enable);",
+                 "void dk_npu_irq_handler(void);",
+                 f"#define DK_NPU_BASE 0x{npu.base:08X}u",  # secure alias: the board runs secure
+                 f"#define DK_NPU_IRQ {npu.irq}",
+                 f"#define DK_NPU_SECURE_ENABLE {int(bool(npu.secure_enable))}",
+                 f"#define DK_NPU_PRIVILEGE_ENABLE {int(npu.privilege_enable)}",
+                 f'#define DK_NPU_TARGET "{npu.target}"',
+                 f'#define DK_NPU_MEMORY_MODE "{npu.memory_mode}"',
+                 f"#define DK_NPU_{npu.type.upper().replace('-', '_')} 1",
+                 "#define DK_NPU_FAST_SCRATCH_SIZE 0u",
+                 f"exception 16 + DK_NPU_IRQ\n *      ({npu.irq + 16})",
+                 "before the first dk_<model>_init()"):
+        assert line in common, line
+    sram, ddr = board.region(npu.sram_region), board.region(npu.ext_region)
+    assert f"region {ddr.name} (0x{ddr.origin:08X}" in common  # the programs (Shared_Sram)
+    assert f"region {sram.name} (0x{sram.origin:08X}" in common  # the scratch
+    alpha = (tmp_path / "src/include/dk_alpha.h").read_text()
+    for line in ("#define DK_ALPHA_NPU_SCRATCH_SIZE 3568u",
+                 "#define DK_ALPHA_NPU_ARENA_SIZE 3744u",  # temp pool 176 + scratch 3568
+                 '#define DK_ALPHA_NPU_ARENA_SECTION ".bss.dk_npu_scratch.alpha"',
+                 '#define DK_ALPHA_NPU_ARENA_REGION "sram"',
+                 '#define DK_ALPHA_PROGRAM_REGION "ddr"',
+                 # method 1872 + planned 816 + the in-place input 490 -> 496; no temp pool
+                 "#define DK_ALPHA_ARENA_SIZE 3184u",
+                 "DK_ERR_NPU_NOT_INITIALIZED before dk_npu_init() succeeded"):
+        assert line in alpha, line
+    source = (tmp_path / "src/dk_alpha.cpp").read_text()
+    assert '__attribute__((section(".bss.dk_npu_scratch.alpha")' in source
+    assert "if (!dk_lib_npu_ready()) return DK_ERR_NPU_NOT_INITIALIZED;" in source
+    assert "_NPU_" not in (tmp_path / "src/include/dk_beta.h").read_text()  # a CPU model
+    assert "dk_lib_npu_ready" not in (tmp_path / "src/dk_beta.cpp").read_text()
+    render_component_sources([_model(tmp_path, "beta")], "cpu", board, tmp_path / "cpu", "test")
+    assert "dk_npu" not in (tmp_path / "cpu/include/deploykit.h").read_text()
+
+
+def test_a_dedicated_sram_component_has_the_fast_arena(tmp_path):
+    """Dedicated_Sram_384KB: the scratch behind the external port, the fast arena in the SRAM."""
+    from deploykit.readers.npu import with_npu_overrides
+
+    board = with_npu_overrides(load_board("corstone-320"), memory_mode="Dedicated_Sram_384KB")
+    model = _model(tmp_path, "alpha", npu=("ddr", "ddr", 1024, 384 * 1024))
+    render_component_sources([model], "set", board, tmp_path / "src", "test")
+    common = (tmp_path / "src/include/deploykit.h").read_text()
+    assert "#define DK_NPU_FAST_SCRATCH_SIZE 393216u" in common
+    assert '#define DK_NPU_MEMORY_MODE "Dedicated_Sram_384KB"' in common
+    assert "the fast arena, section .bss.dk_npu_fast:\n *     region sram" in common
+    assert '#define DK_ALPHA_NPU_ARENA_REGION "ddr"' in (
+        tmp_path / "src/include/dk_alpha.h").read_text()
+
+
+def test_the_npu_application_memory_block_names_the_plans_regions():
+    """The example application's memory.ld for an NPU component: FLASH and RAM, the plan's
+    regions declared once, and the aliases app_npu.ld places the NPU's sections with."""
+    from deploykit.run.library_app import memory_ld
+
+    board = load_board("corstone-300")
+    text = memory_ld(board, {"model": "ddr", "npu_scratch": "sram"})
+    ddr, sram = board.region("ddr"), board.region("sram")
+    assert f"ddr (rwx) : ORIGIN = 0x{ddr.origin:08X}, LENGTH = {ddr.size}" in text
+    assert f"sram (rwx) : ORIGIN = 0x{sram.origin:08X}, LENGTH = {sram.size}" in text
+    assert 'REGION_ALIAS("MODEL", ddr);' in text
+    assert 'REGION_ALIAS("NPU_SCRATCH", sram);' in text
+    assert 'REGION_ALIAS("NPU_FAST", sram);' in text  # no fast arena: the scratch's region
+    assert text.count("sram (rwx)") == 1
+    assert "REGION_ALIAS" not in memory_ld(board)  # a CPU component's: FLASH and RAM only
+
+
+@requires_toolchain
+@pytest.mark.parametrize("language", ["c", "c++"])
+def test_the_npu_api_compiles_warning_free(tmp_path, language):
+    board = load_board("corstone-300")
+    render_component_sources([_model(tmp_path, "alpha", npu=("ddr", "sram", 3568, 0))], "set",
+                             board, tmp_path / "src", "test")
+    use = tmp_path / ("use.c" if language == "c" else "use.cpp")
+    use.write_text('#include "dk_alpha.h"\n'
+                   "int use(void);\n"
+                   "int use(void) { return dk_npu_init((void *)DK_NPU_BASE, "
+                   "DK_NPU_SECURE_ENABLE, DK_NPU_PRIVILEGE_ENABLE) + DK_NPU_IRQ + "
+                   "(int)DK_ALPHA_NPU_ARENA_SIZE; }\n"
+                   "void (*const npu_vector)(void) = dk_npu_irq_handler;\n")
+    compiler = "arm-none-eabi-gcc" if language == "c" else "arm-none-eabi-g++"
+    extra = ["-std=c11"] if language == "c" else ["-std=c++17", "-fno-exceptions", "-fno-rtti"]
+    flags = [*board.cpu_flags, "-Wall", "-Wextra", "-Werror", "-pedantic", *extra]
+    subprocess.run([compiler, *flags, "-I", str(tmp_path / "src/include"), "-c", str(use), "-o",
+                    str(tmp_path / "use.o")], check=True, timeout=60)
 
 
 def _staged(tmp_path: Path) -> tuple[Path, dict]:

@@ -340,15 +340,18 @@ def run(board: str, model: str, flow: str | None = None, out: Path | None = None
 def library(board: str, models: Sequence[str], out: Path, flow: str | None = None,
             workspace: Path | None = None, progress: Progress = _quiet,
             profile: str | None = None, fit: bool = False, name: str | None = None,
-            timeout: float = 120.0, work: Path | None = None):
+            timeout: float = 120.0, work: Path | None = None, npu_macs: int | None = None,
+            npu_memory_mode: str | None = None):
     """A self-contained component of `models` for another CMake project, in `out`
     (pipeline/library.py, docs/library.md): one C API per model, one runtime with the union of
-    their kernels. Each model is exported (and, with `fit`, measured) in build/<board>/<model>,
-    and the component built in build/<board>/library-<name>; `work`: both in that directory
-    instead."""
+    their kernels (and, for ethos_u_int8, EthosUBackend and Arm's Ethos-U driver). Each model is
+    exported (and, with `fit`, measured) in build/<board>/<model>, and the component built in
+    build/<board>/library-<name>; `work`: both in that directory instead. `npu_macs`,
+    `npu_memory_mode`: as for export."""
     from deploykit.pipeline.library import build_library
 
-    resolved = target(board, flow=flow, profile=profile)
+    resolved = target(board, flow=flow, profile=profile, npu_macs=npu_macs,
+                      npu_memory_mode=npu_memory_mode)
     return build_library(resolved, list(models), Path(out), workspace, progress, fit=fit,
                          name=name, timeout=timeout,
                          work=Path(work) if work is not None else None)

@@ -329,6 +329,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "several models in one component")
     p.add_argument("--flow", choices=flow_names(),
                    help="export flow of every model (default: the board file's export.default)")
+    p.add_argument("--npu-macs", type=int, metavar="N",
+                   help="ethos_u_int8: the Ethos-U MAC configuration (default the board's "
+                   "npu.macs)")
+    p.add_argument("--npu-memory-mode", metavar="MODE",
+                   help="ethos_u_int8: the Vela memory mode, one of the board's "
+                   "npu.vela.memory_modes (where the program and the NPU's scratch must be "
+                   "linked: the headers say)")
     p.add_argument("--profile", choices=list(PROFILES),
                    help=f"build profile (default: the board file's `profile:`, else "
                    f"{DEFAULT_PROFILE})")
@@ -501,7 +508,8 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         component = api.library(args.board, args.models, args.out, flow=args.flow,
                                 workspace=args.workspace, progress=out.progress,
                                 profile=args.profile, fit=args.fit, name=args.name,
-                                timeout=args.timeout)
+                                timeout=args.timeout, npu_macs=args.npu_macs,
+                                npu_memory_mode=args.npu_memory_mode)
         out.result(component.manifest, component.summary())
         return 0
     common = {"board": args.board, "out": args.out, "workspace": args.workspace,

@@ -5,6 +5,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The component has Ethos-U models (CMakeLists.txt: APP_NPU); 0 where a build does not say. */
+#ifndef APP_NPU
+#define APP_NPU 0
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -16,6 +21,8 @@ void console_hex(const void *data, uint32_t n);
 void console_dec(uint32_t v);
 void app_exit(int status) __attribute__((noreturn));
 uint32_t app_stack_used(void);
+/* APP_NPU: the NPU's IRQ enabled and dk_npu_init() called (startup.c); its status. */
+int app_npu_start(void);
 
 /* One model of the component as the application drives it (app_models.h lists them). */
 typedef struct {

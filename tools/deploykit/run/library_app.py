@@ -33,16 +33,33 @@ def example_dir() -> Path:
     return data_root() / EXAMPLE
 
 
-def memory_ld(board: Board) -> str:
+def memory_ld(board: Board, npu_regions: dict[str, str] | None = None) -> str:
     """The application's MEMORY block: FLASH is the region the board boots from (its vector
-    table's), RAM the one its data lives in."""
+    table's), RAM the one its data lives in. With `npu_regions` (a component with Ethos-U
+    models: the manifest's npu.regions, where the memory plan put the programs, the NPU arenas
+    and the fast arena) also the aliases MODEL, NPU_SCRATCH and NPU_FAST that app_npu.ld uses,
+    each region declared once."""
     flash, ram = board.region_for("vectors"), board.region_for("data")
-    return (f"/* {board.name} (boards/{board.name}.yaml): the region the core boots from and the "
-            "data region. */\n"
-            "MEMORY\n{\n"
-            f"  FLASH (rx) : ORIGIN = 0x{flash.origin:08X}, LENGTH = {flash.size}\n"
-            f"  RAM (rwx) : ORIGIN = 0x{ram.origin:08X}, LENGTH = {ram.size}\n"
-            "}\n")
+    lines = [f"/* {board.name} (boards/{board.name}.yaml): the region the core boots from and the "
+             "data region"
+             + ("; the regions of the NPU's sections (its memory plan)" if npu_regions else "")
+             + ". */",
+             "MEMORY", "{",
+             f"  FLASH (rx) : ORIGIN = 0x{flash.origin:08X}, LENGTH = {flash.size}",
+             f"  RAM (rwx) : ORIGIN = 0x{ram.origin:08X}, LENGTH = {ram.size}"]
+    aliases = []
+    if npu_regions:
+        named = {flash.name: "FLASH", ram.name: "RAM"}
+        for kind, alias in (("model", "MODEL"), ("npu_scratch", "NPU_SCRATCH"),
+                            ("npu_fast", "NPU_FAST")):
+            name = npu_regions.get(kind) or npu_regions["npu_scratch"]
+            if name not in named:
+                region = board.region(name)
+                lines.append(f"  {name} (rwx) : ORIGIN = 0x{region.origin:08X}, "
+                             f"LENGTH = {region.size}")
+                named[name] = name
+            aliases.append(f'REGION_ALIAS("{alias}", {named[name]});')
+    return "\n".join([*lines, "}", *aliases, ""])
 
 
 def _c_bytes(data: bytes) -> str:
@@ -92,9 +109,10 @@ class AppBuild:
 
 def configure_args(component: Component, board: Board, data_dir: Path, *,
                    checks: bool = True, cxx: bool = False,
-                   cpu_flags: Sequence[str] | None = None) -> list[str]:
+                   cpu_flags: Sequence[str] | None = None, lto: bool | None = None) -> list[str]:
     """The application's CMake definitions. `cpu_flags`: the application's own (default: the
-    board's, as its project would set them)."""
+    board's, as its project would set them); `lto`: DEPLOYKIT_LTO (default the package's). A
+    component with Ethos-U models gets APP_NPU (its NPU wiring and app_npu.ld)."""
     console = board.console
     flags = " ".join(cpu_flags if cpu_flags is not None else board.cpu_flags)
     return [f"-DCMAKE_TOOLCHAIN_FILE={example_dir() / 'toolchain.cmake'}",
@@ -107,23 +125,26 @@ def configure_args(component: Component, board: Board, data_dir: Path, *,
             f"-DAPP_UART_BAUDDIV={console['clock_hz'] // console['baud']}",
             f"-DAPP_CHECKS={'ON' if checks else 'OFF'}",
             f"-DAPP_CXX={'ON' if cxx else 'OFF'}",
+            f"-DAPP_NPU={'ON' if component.manifest.get('npu') else 'OFF'}",
+            *([f"-DDEPLOYKIT_LTO={'ON' if lto else 'OFF'}"] if lto is not None else []),
             "-DCMAKE_BUILD_TYPE=MinSizeRel"]
 
 
 def write_app_data(component: Component, board: Board, data_dir: Path) -> None:
     write_if_changed(data_dir / "app_models.h", app_models_h(component.models))
-    write_if_changed(data_dir / "memory.ld", memory_ld(board))
+    npu = component.manifest.get("npu")
+    write_if_changed(data_dir / "memory.ld", memory_ld(board, npu["regions"] if npu else None))
 
 
 def build_app(component: Component, board: Board, build_dir: Path, *, checks: bool = True,
-              cxx: bool = False, timeout: float = 300.0) -> AppBuild:
+              cxx: bool = False, lto: bool | None = None, timeout: float = 300.0) -> AppBuild:
     """Configure and build the example application against `component`."""
     data_dir = build_dir / "data"
     write_app_data(component, board, data_dir)
     log = build_dir / "build.log"
     build_dir.mkdir(parents=True, exist_ok=True)
     cmds = [["cmake", "-S", str(example_dir()), "-B", str(build_dir / "cmake"), "-G", "Ninja",
-             *configure_args(component, board, data_dir, checks=checks, cxx=cxx)],
+             *configure_args(component, board, data_dir, checks=checks, cxx=cxx, lto=lto)],
             ["cmake", "--build", str(build_dir / "cmake"), "--", "-j2"]]
     with log.open("w") as out:
         for cmd in cmds:
@@ -136,6 +157,28 @@ def build_app(component: Component, board: Board, build_dir: Path, *, checks: bo
                                  f"See {log}.", log_path=str(log))
     elf = build_dir / "cmake" / "app.elf"
     return AppBuild(elf, build_dir / "cmake" / "app.map", log)
+
+
+def fvp_command(board: Board, elf: Path) -> list[str] | None:
+    """The command line that runs an application image on the board's Arm FVP (Corstone-300/
+    320), as deploykit runs its runner there (run/runners/fvp.py: the NPU's MAC count, the
+    board file's parameters, semihosting for the exit, the telnet terminal off), with the
+    console UART on the FVP's stdout; None for a board that does not run on an FVP."""
+    from deploykit.run.runners import FvpRunner, runner_for_board
+
+    if board.runner.get("kind") != FvpRunner.kind:
+        return None
+    runner = runner_for_board(board)
+    assert isinstance(runner, FvpRunner)
+    cmd = runner.command(elf, console_file=Path("-"))
+    drop = {f"{runner.uart}.unbuffered_output=1", f"{runner.telnet}.quiet=1"}
+    out = []
+    for arg in cmd:
+        if arg in drop:
+            out.pop()  # its -C
+        else:
+            out.append(arg)
+    return out
 
 
 @dataclass
@@ -287,7 +330,7 @@ def app_footprint(elf: Path, component: Component, stack_peak: int) -> Footprint
             flags, size = sec["sh_flags"], sec["sh_size"]
             if not flags & SH_FLAGS.SHF_ALLOC or sec.name == ".stack":
                 continue
-            if sec.name.startswith(".dk_model."):
+            if sec.name.startswith(".dk_model"):  # .dk_model.<name>, or app_npu.ld's .dk_models
                 programs += size
             elif flags & SH_FLAGS.SHF_WRITE:
                 ram += size
