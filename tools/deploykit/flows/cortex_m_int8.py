@@ -17,6 +17,7 @@ converted PT2E model run in PyTorch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import traceback
 from typing import TYPE_CHECKING, Any
@@ -409,6 +410,34 @@ def _make_int8_io(ep: Any) -> tuple[list[bool], list[bool]]:
     return ins, outs
 
 
+@contextlib.contextmanager
+def _exact_integer_conv() -> Any:
+    """The cortex_m ops' reference code convolves int32 tensors with ``F.conv2d``, which
+    PyTorch does not implement for a dilated convolution ("slow_conv_dilated<>" not
+    implemented for 'Int'); there it is computed in float64 instead, which is exact (int8 x
+    int8 products summed over any layer stay far below 2**53), so the integer reference also
+    covers dilated layers (issue #32's depthwise Conv1d of dilation 2)."""
+    import torch.nn.functional as F  # noqa: N812
+
+    native = F.conv2d
+
+    def conv2d(x: Any, weight: Any, bias: Any = None, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return native(x, weight, bias, *args, **kwargs)
+        except NotImplementedError:
+            if x.is_floating_point():
+                raise
+            out = native(x.double(), weight.double(),
+                         None if bias is None else bias.double(), *args, **kwargs)
+            return out.round().to(x.dtype)
+
+    F.conv2d = conv2d
+    try:
+        yield
+    finally:
+        F.conv2d = native
+
+
 def _dialect_check(lowered: Any, inputs: tuple[Any, ...], reference: list[Any],
                    output_quant: list[QuantParams | None]
                    ) -> tuple[dict[str, Any], Any | None, list[Any] | None]:
@@ -417,7 +446,12 @@ def _dialect_check(lowered: Any, inputs: tuple[Any, ...], reference: list[Any],
     ops' Python code rejects some shapes, so a failure here is recorded, not raised."""
     import torch
 
-    module = lowered.module()  # a copy of the graph: to_executorch later rewrites the original
+    graph_copy = lowered.module()  # a copy: to_executorch later rewrites the original
+
+    def module(*args: Any) -> Any:
+        with _exact_integer_conv():
+            return graph_copy(*args)
+
     try:
         with torch.no_grad():
             out = flatten_tensors(module(*[t.clone() for t in inputs]))
