@@ -10,7 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from deploykit.flows.conv1d_as_conv2d import Conv1dRewrite, conv1d_as_conv2d, describe
+from deploykit.flows.conv1d_as_conv2d import (
+    Conv1dRewrite,
+    conv1d_as_conv2d,
+    describe,
+    one_by_n_refuses,
+)
 
 HERE = Path(__file__)
 ATEN = torch.ops.aten
@@ -153,3 +158,44 @@ def test_a_model_without_conv1d_is_untouched():
     graph_module, result = _rewrite(module, torch.randn(1, 3, 8, 8))
     assert result == Conv1dRewrite((), ()) and result.report() == {}
     assert ATEN.clone.default not in _targets(graph_module)
+
+
+def test_a_padding_cmsis_nn_1xn_refuses_runs_as_a_column():
+    # Issue #32: Conv1d(40, 32, k5, s2, p2) over 50 samples uses 3 of its 4 padded samples;
+    # arm_convolve_1_x_n_s8 (MVE) returns ARM_CMSIS_NN_FAILURE for that, so the layer becomes
+    # a Conv2d of width 1 (the same NHWC bytes), which the general convolution takes.
+    assert one_by_n_refuses(50, 40, 5, 2, 2, 1, 1)
+    assert not one_by_n_refuses(49, 40, 5, 2, 2, 1, 1)  # every padded sample used
+    assert not one_by_n_refuses(50, 40, 5, 1, 2, 1, 1)  # stride 1: always symmetric
+    assert not one_by_n_refuses(50, 40, 5, 2, 2, 2, 1)  # dilated: not the 1xN kernel
+    assert not one_by_n_refuses(50, 32, 3, 1, 2, 1, 32)  # depthwise: not the 1xN kernel
+    assert not one_by_n_refuses(50, 3, 5, 2, 2, 1, 1)  # stride x channels not a multiple of 4
+    torch.manual_seed(0)
+    conv = nn.Conv1d(40, 32, 5, stride=2, padding=2)
+    module = Single(conv, nn.ReLU())
+    x = torch.randn(1, 40, 50)
+    graph_module, result = _rewrite(module, x)
+    assert len(result.rewritten) == 1 and result.rewritten[0].endswith("(as a column)")
+    conv2d = next(n for n in graph_module.graph.nodes if n.target == ATEN.conv2d.default)
+    _, weight, _, stride, padding, dilation, _ = conv2d.args
+    assert graph_module.get_parameter(weight.target).shape == (32, 40, 5, 1)
+    assert stride == [2, 1] and padding == [2, 0] and dilation == [1, 1]
+    assert conv2d.args[0].meta["val"].shape == (1, 40, 50, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(graph_module(x), module(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_chain_across_orientations():
+    # A column layer feeding a row layer (and back) goes through the 3-D signal between them.
+    torch.manual_seed(0)
+    module = nn.Sequential(
+        nn.Conv1d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv1d(8, 8, 5, stride=2, padding=2),
+        nn.Conv1d(8, 8, 3, padding=1),
+    )
+    x = torch.randn(1, 8, 50)
+    graph_module, result = _rewrite(module, x)
+    assert [r.endswith("(as a column)") for r in result.rewritten] == [False, True, False]
+    with torch.no_grad():
+        torch.testing.assert_close(graph_module(x), module(x), rtol=1e-5, atol=1e-5)

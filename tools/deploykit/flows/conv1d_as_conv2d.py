@@ -18,6 +18,14 @@ signal are its NCL bytes transposed, so one int8 copy goes in and one comes out.
 hardtanh or clamp that is the convolution's only user moves in front of the copy out, so that
 it fuses into the CMSIS-NN kernel as it does after a Conv2d.
 
+One exception to height 1: where CMSIS-NN's 1xN kernel (``arm_convolve_1_x_n_s8``, which the
+convolution wrapper picks for a height-1 input whose stride x channels is a multiple of 4)
+would refuse the padding on an MVE core (``one_by_n_refuses``: the output leaves part of the
+right padding unread, as Conv1d(k5, s2, p2) over 50 samples does; issue #32), the signal is a
+column of width 1 instead: view (N, C, L, 1), a (O, C/g, K, 1) weight, stride (s, 1), padding
+(p, 0). Its NHWC bytes are the same, the views still cost nothing, and the wrapper sends it to
+the general im2col convolution, which takes any padding.
+
 Left as they are (and so still float islands): a convolution whose weight is computed (a slice
 or a product of parameters: nothing to quantize as a weight), and ``padding="same"`` with an
 odd total padding (asymmetric; a Conv2d pads symmetrically). A padding mode other than zeros
@@ -71,9 +79,10 @@ def describe(report: dict[str, Any]) -> list[str]:
     done, left = report.get(REWRITTEN_KEY, []), report.get(LEFT_KEY, [])
     lines = []
     if done:
+        column = any(d.endswith("(as a column)") for d in done)
         lines.append(
-            f"Conv1d lowered as Conv2d of height 1: {len(done)} layer"
-            f"{'s' if len(done) > 1 else ''} ({', '.join(done)})"
+            f"Conv1d lowered as Conv2d of height 1{' (or width 1)' if column else ''}: "
+            f"{len(done)} layer{'s' if len(done) > 1 else ''} ({', '.join(done)})"
         )
     if left:
         lines.append(f"Conv1d left in float: {'; '.join(left)}")
@@ -87,11 +96,12 @@ def conv1d_as_conv2d(graph_module: Any, model_file: Path) -> Conv1dRewrite:
     import torch
 
     graph = graph_module.graph
-    weights_2d: dict[str, Any] = {}  # a 1-D weight's target -> its (O, I/g, 1, K) get_attr
+    # (a 1-D weight's target, tall) -> its (O, I/g, 1, K) or (O, I/g, K, 1) get_attr
+    weights_2d: dict[tuple[str, bool], Any] = {}
     replaced_weights: list[Any] = []
     # The 3-D output of a rewritten convolution -> the channels-last 4-D tensor it is a copy
     # of: a Conv1d reading it reads that tensor instead, with no copy out and in between.
-    channels_last_of: dict[Any, Any] = {}
+    channels_last_of: dict[tuple[Any, bool], Any] = {}
     rewritten: list[str] = []
     left: list[str] = []
     aten = torch.ops.aten
@@ -111,22 +121,34 @@ def conv1d_as_conv2d(graph_module: Any, model_file: Path) -> Conv1dRewrite:
             extent = dilation[0] * (weight.meta["val"].shape[-1] - 1)
             padding = [0 if padding == "valid" else extent // 2]
         fake = _fake_mode(node)
-        if weight.target not in weights_2d:
-            weights_2d[weight.target] = _weight_2d(graph_module, weight, fake)
-            replaced_weights.append(weight)
+        *batch, c, length = x.meta["val"].shape  # an unbatched (C, L) too
+        kernel = weight.meta["val"].shape[-1]
+        # A signal of height 1 is what CMSIS-NN's 1xN kernel takes, except where that kernel
+        # refuses the padding (below); there the signal stands as a column of width 1, whose
+        # NHWC bytes are the same, and runs in the general im2col convolution.
+        tall = one_by_n_refuses(length, c, kernel, stride[0], padding[0], dilation[0], groups)
+        key = (weight.target, tall)
+        if key not in weights_2d:
+            weights_2d[key] = _weight_2d(graph_module, weight, fake, tall)
+            if weight not in replaced_weights:
+                replaced_weights.append(weight)
         followers = _channelwise_followers(node)
         last = followers[-1] if followers else node
         with graph.inserting_before(last):
-            x4 = channels_last_of.get(x)
+            x4 = channels_last_of.get((x, tall))
             if x4 is None:
-                *batch, c, length = x.meta["val"].shape  # an unbatched (C, L) too
                 n = batch[0] if batch else 1
-                x4 = _call(graph, node, fake, aten.view.default, x, [n, c, 1, length])
+                shape = [n, c, length, 1] if tall else [n, c, 1, length]
+                x4 = _call(graph, node, fake, aten.view.default, x, shape)
                 x4 = _call(
                     graph, node, fake, aten.clone.default, x4, memory_format=torch.channels_last
                 )
-            conv_args = (x4, weights_2d[weight.target], bias, [1, stride[0]], [0, padding[0]])
-            y = _call(graph, node, fake, aten.conv2d.default, *conv_args, [1, dilation[0]], groups)
+            along = (lambda v: [v, 1]) if tall else (lambda v: [1, v])
+            across = (lambda v: [v, 0]) if tall else (lambda v: [0, v])
+            conv_args = (x4, weights_2d[key], bias, along(stride[0]), across(padding[0]))
+            y = _call(
+                graph, node, fake, aten.conv2d.default, *conv_args, along(dilation[0]), groups
+            )
             for f in followers:
                 y = _call(graph, f, fake, f.target, y, *f.args[1:], **f.kwargs)
             y4 = y
@@ -134,16 +156,36 @@ def conv1d_as_conv2d(graph_module: Any, model_file: Path) -> Conv1dRewrite:
                 graph, last, fake, aten.clone.default, y, memory_format=torch.contiguous_format
             )
             y = _call(graph, last, fake, aten.view.default, y, list(last.meta["val"].shape))
-        channels_last_of[y] = y4
+        channels_last_of[(y, tall)] = y4
         last.replace_all_uses_with(y)
         for old in [*reversed(followers), node]:
             graph.erase_node(old)
-        rewritten.append(where)
+        rewritten.append(f"{where} (as a column)" if tall else where)
     if rewritten:
         _drop_dead(graph_module, replaced_weights, channels_last_of)
         graph.lint()
         graph_module.recompile()
     return Conv1dRewrite(tuple(rewritten), tuple(left))
+
+
+def one_by_n_refuses(
+    length: int, channels: int, kernel: int, stride: int, padding: int, dilation: int, groups: int
+) -> bool:
+    """Whether CMSIS-NN's arm_convolve_wrapper_s8 sends a Conv2d of height 1 with these
+    parameters to arm_convolve_1_x_n_s8 and that kernel's MVE (Cortex-M55) code returns
+    ARM_CMSIS_NN_FAILURE: it pads the right side with what the output length leaves over, so
+    it needs the total padding the output uses to be 2 x padding (or one more). PyTorch's
+    output drops the right padding a stride does not reach (Conv1d(k5, s2, p2) over 50
+    samples uses 3 of its 4 padded samples), which the kernel refuses. The conditions are
+    those of arm_nn_is_convolve_1x1 and arm_nn_is_convolve_1_x_n (CMSIS-NN
+    arm_nnsupportfunctions.h) and arm_convolve_1_x_n_s8.c."""
+    if dilation != 1 or groups != 1 or (stride * channels) % 4:
+        return False  # not the 1xN kernel
+    if kernel == 1 and padding == 0:
+        return False  # the 1x1 kernels
+    out = (length + 2 * padding - kernel) // stride + 1
+    total = (out - 1) * stride + kernel - length
+    return padding * 2 + total % 2 != total
 
 
 def _conv1d_args(node: Any) -> tuple[Any, ...]:
@@ -220,21 +262,25 @@ def _call(graph: Any, like: Any, fake: Any, target: Any, *args: Any, **kwargs: A
     return node
 
 
-def _weight_2d(graph_module: Any, weight: Any, fake: Any) -> Any:
-    """A get_attr of a new parameter holding `weight`'s tensor as (O, I/g, 1, K)."""
+def _weight_2d(graph_module: Any, weight: Any, fake: Any, tall: bool = False) -> Any:
+    """A get_attr of a new parameter holding `weight`'s tensor as (O, I/g, 1, K), or
+    (O, I/g, K, 1) when `tall`."""
     import torch
 
     tensor = _attr(graph_module, weight.target).detach()
-    name = weight.target.replace(".", "_") + "_as_conv2d"
+    name = weight.target.replace(".", "_") + ("_as_conv2d_tall" if tall else "_as_conv2d")
     while hasattr(graph_module, name):
         name += "_"
     graph_module.register_parameter(
-        name, torch.nn.Parameter(tensor.unsqueeze(2).clone(), requires_grad=False)
+        name,
+        torch.nn.Parameter(tensor.unsqueeze(3 if tall else 2).clone(), requires_grad=False),
     )
     with graph_module.graph.inserting_after(weight):
         node = graph_module.graph.get_attr(name)
     node.meta.update({k: v for k, v in weight.meta.items() if k != "val"})
-    node.meta["val"] = fake.from_tensor(getattr(graph_module, name))
+    # Static: a weight of a fake mode with dynamic shapes would otherwise get a symbolic
+    # extent (a column weight did), which then reaches the view shapes after it.
+    node.meta["val"] = fake.from_tensor(getattr(graph_module, name), static_shapes=True)
     return node
 
 
@@ -248,7 +294,7 @@ def _drop_dead(graph_module: Any, weights: list[Any], channels_last_of: dict[Any
     """Remove what the rewrite left unused: copies out that only fed another rewritten
     convolution, and the 1-D weights (so that they are not exported as well)."""
     graph = graph_module.graph
-    for view in channels_last_of:
+    for view, _ in channels_last_of:
         if not view.users:
             clone = view.args[0]
             graph.erase_node(view)

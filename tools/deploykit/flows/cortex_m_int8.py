@@ -17,6 +17,7 @@ converted PT2E model run in PyTorch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import traceback
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ from deploykit.flows.base import (
     FlowResult,
     QuantParams,
 )
+from deploykit.flows.cmsis_nn_checks import refusals
 from deploykit.flows.common import flatten_tensors, in_steps, max_abs_diff, parse_cpu, to_numpy
 from deploykit.flows.conv1d_as_conv2d import Conv1dRewrite, conv1d_as_conv2d
 from deploykit.flows.cortex_m_float_linear import decompose_float_linear_pass
@@ -117,13 +119,18 @@ class CortexMInt8(Flow):
                 if failure is None:
                     failure = _unconverted_quantized_op(lowered)
             if failure is None:
+                with st.step("one-channel depthwise convolutions to convolutions"):
+                    one_channel_convs = one_channel_depthwise_as_conv(lowered, cpu_target)
+                with st.step(CMSIS_NN_CHECKS):
+                    # What the kernels would refuse on the device (issue #32) falls back here,
+                    # after the last rewrite that makes CMSIS-NN calls.
+                    failure = _cmsis_nn_refusal(lowered, cpu_target)
+            if failure is None:
                 break
             choice = _fall_back(failure, spec, excluded, options, st)
             if upstream is None:
                 upstream = failure.upstream(spec.source_path)
             excluded.append(choice)
-        with st.step("one-channel depthwise convolutions to convolutions"):
-            one_channel_convs = one_channel_depthwise_as_conv(lowered, cpu_target)
         with st.step("float linears to addmm"):
             lowered = _transform(lowered, decompose_float_linear_pass())
             if options.fold_constants:
@@ -295,11 +302,25 @@ def _unconverted_quantized_op(ep: Any) -> LoweringFailure | None:
     return None
 
 
+CMSIS_NN_CHECKS = "CMSIS-NN argument checks"
+
+
+def _cmsis_nn_refusal(ep: Any, cpu_target: Any) -> LoweringFailure | None:
+    """The first CMSIS-NN-backed node whose kernel would refuse its arguments on the board's
+    CPU (flows/cmsis_nn_checks.py), as a lowering failure that mixed precision takes."""
+    found = refusals(ep, cpu_target.backend)
+    if not found:
+        return None
+    first = found[0]
+    return LoweringFailure(CMSIS_NN_CHECKS, None, first.node, first.message,
+                           op=first.op)
+
+
 def _fall_back(failure: LoweringFailure, spec: ModelSpec, excluded: list[FloatChoice],
                options: ExportOptions, st: Stages) -> FloatChoice:
     """The next operator (or module) to keep in float, or the ExportError that says why
     there is none (or --strict)."""
-    choice = (choice_for(failure.node, spec.source_path, excluded)
+    choice = (choice_for(failure.node, spec.source_path, excluded, op=failure.op)
               if failure.node is not None else None)
     where = (f" on {failure.node.name}" if failure.node is not None else "")
     if failure.error is not None:
@@ -317,6 +338,8 @@ def _fall_back(failure: LoweringFailure, spec: ModelSpec, excluded: list[FloatCh
             cause + f" (already kept in float: {tried})",
             "No model line to keep in float was found for it. The model may use a pattern "
             "this flow does not support: use --flow portable_fp32, or change that layer.")
+    if failure.step == CMSIS_NN_CHECKS:
+        choice = dataclasses.replace(choice, reason=failure.message)
     if st.on_step is not None:
         st.on_step(f"keeping {choice.describe()} in float (mixed precision)")
     return choice
@@ -387,6 +410,34 @@ def _make_int8_io(ep: Any) -> tuple[list[bool], list[bool]]:
     return ins, outs
 
 
+@contextlib.contextmanager
+def _exact_integer_conv() -> Any:
+    """The cortex_m ops' reference code convolves int32 tensors with ``F.conv2d``, which
+    PyTorch does not implement for a dilated convolution ("slow_conv_dilated<>" not
+    implemented for 'Int'); there it is computed in float64 instead, which is exact (int8 x
+    int8 products summed over any layer stay far below 2**53), so the integer reference also
+    covers dilated layers (issue #32's depthwise Conv1d of dilation 2)."""
+    import torch.nn.functional as F  # noqa: N812
+
+    native = F.conv2d
+
+    def conv2d(x: Any, weight: Any, bias: Any = None, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return native(x, weight, bias, *args, **kwargs)
+        except NotImplementedError:
+            if x.is_floating_point():
+                raise
+            out = native(x.double(), weight.double(),
+                         None if bias is None else bias.double(), *args, **kwargs)
+            return out.round().to(x.dtype)
+
+    F.conv2d = conv2d
+    try:
+        yield
+    finally:
+        F.conv2d = native
+
+
 def _dialect_check(lowered: Any, inputs: tuple[Any, ...], reference: list[Any],
                    output_quant: list[QuantParams | None]
                    ) -> tuple[dict[str, Any], Any | None, list[Any] | None]:
@@ -395,7 +446,12 @@ def _dialect_check(lowered: Any, inputs: tuple[Any, ...], reference: list[Any],
     ops' Python code rejects some shapes, so a failure here is recorded, not raised."""
     import torch
 
-    module = lowered.module()  # a copy of the graph: to_executorch later rewrites the original
+    graph_copy = lowered.module()  # a copy: to_executorch later rewrites the original
+
+    def module(*args: Any) -> Any:
+        with _exact_integer_conv():
+            return graph_copy(*args)
+
     try:
         with torch.no_grad():
             out = flatten_tensors(module(*[t.clone() for t in inputs]))

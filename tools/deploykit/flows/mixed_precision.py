@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +53,15 @@ class FloatChoice:
     line: str  # "transformer_block.py:40"
     module: str = ""  # a module path ("attn") when the operator alone did not help
     source: str = ""  # the model line with its code, for the report
+    # Why, where the reason is not an upstream failure but a kernel's refusal (a CMSIS-NN
+    # argument check); not part of the identity of the choice.
+    reason: str = field(default="", compare=False)
 
     def describe(self) -> str:
+        why = f" ({self.reason})" if self.reason else ""
         if self.module:
-            return f"module {self.module} ({self.source or self.line})"
-        return f"{self.op} at {self.source or self.line}"
+            return f"module {self.module} ({self.source or self.line}){why}"
+        return f"{self.op} at {self.source or self.line}{why}"
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,9 @@ class LoweringFailure:
     error: BaseException | None
     node: Any | None  # the graph node, when it could be found
     message: str
+    # The annotation graph's operator to keep in float, where the node is a lowered one
+    # ("conv2d" for a cortex_m::quantized_conv2d); "" for the node's own operator.
+    op: str = ""
 
     def upstream(self, model_file: Path) -> UpstreamFailure:
         where = innermost_model_line(self.node, model_file) if self.node is not None else None
@@ -176,14 +183,17 @@ def innermost_module(node: Any) -> str:
     return re.sub(r"^L\['self'\]\.?", "", path).replace("_modules['", "").replace("']", "")
 
 
-def choice_for(node: Any, model_file: Path, excluded: list[FloatChoice]) -> FloatChoice | None:
-    """What to keep in float next for a failure at `node`: the operator at its line, else
-    (already excluded) its module, else None (nothing left to try)."""
+def choice_for(
+    node: Any, model_file: Path, excluded: list[FloatChoice], op: str = ""
+) -> FloatChoice | None:
+    """What to keep in float next for a failure at `node`: the operator at its line (`op`,
+    else the node's own), else (already excluded) its module, else None (nothing left to
+    try)."""
     where = innermost_model_line(node, model_file)
     if where is None:
         return None
     line, source = where
-    op_choice = FloatChoice(op=op_base(node.target), line=line, source=source)
+    op_choice = FloatChoice(op=op or op_base(node.target), line=line, source=source)
     if op_choice not in excluded:
         return op_choice
     module = innermost_module(node)

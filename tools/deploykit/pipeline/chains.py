@@ -163,6 +163,21 @@ def _mixed_precision(result: ExportResult) -> dict:
         return {}
 
 
+def _reference_fallback(result: ExportResult) -> str:
+    """Why the host reference is not the flow's own where a flow fell back (the cortex_m
+    flow's integer reference of the lowered graph, when it did not run, to the PT2E model):
+    export.json's record of the failed check, "" where nothing fell back."""
+    try:
+        reference = json.loads(result.report_path.read_text()).get("reference", {})
+    except (OSError, ValueError):
+        return ""
+    check = reference.get("cortex_m_dialect_check") or {}
+    if check and not check.get("ran", True) and check.get("error"):
+        return (f"the cortex_m integer reference of the lowered graph did not run on the host "
+                f"({check['error']}), so the device is compared with the PT2E quantized model")
+    return ""
+
+
 def describe_export(result: ExportResult) -> str:
     lines = [f"{result.pte_path}: {result.pte_size:,} B, {result.flow}, "
              f"exported in {result.export_seconds:.1f} s",
@@ -544,6 +559,7 @@ def run_firmware(target: Target, model: str, out: Path, workspace: Path | None,
         board=board.name, model=exported.model_name, flow=target.flow.name,
         passed=exit_code == ExitCode.OK,
         exit_code=exit_code, verdict=verdict, reference_kind=exported.reference_kind,
+        reference_fallback=_reference_fallback(exported),
         ticks=timing.ticks if timing else None, tick_hz=timing.tick_hz if timing else None,
         timing_emulated_by=result.emulated_by,
         instructions_estimate=result.instructions_per_iteration_estimate,

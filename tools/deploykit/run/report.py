@@ -74,6 +74,8 @@ class RunReport:
     exit_code: ExitCode
     verdict: Verdict | None
     reference_kind: str
+    # Why the reference is a fallback (the cortex_m flow's PT2E model), "" where it is not.
+    reference_fallback: str = ""
     ticks: int | None = None
     tick_hz: int | None = None
     # What emulated the CPU when the ticks are emulated time (runners' RunResult.emulated_by).
@@ -111,7 +113,9 @@ class RunReport:
                        if o.top1_agrees is not None else "")
                     + f" (atol {o.tolerance.atol:.3g}) {'ok' if o.passed else 'MISMATCH'}"
                     + (f": {o.problem}" if o.problem else ""))
-            lines.append(f"  reference: {self.reference_kind}")
+            lines.append(f"  reference: {self.reference_kind}"
+                         + (f" (fallback: {self.reference_fallback})"
+                            if self.reference_fallback else ""))
         lines += [f"  {line}" for line in describe_conv1d(self.mixed_precision)]
         lines += [f"  {line}" for line in describe_float(self.mixed_precision)]
         if self.input_sets and self.input_sets.count > 1:
