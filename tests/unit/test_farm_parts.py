@@ -115,7 +115,13 @@ def test_farm_cli_writes_the_config_and_names_a_missing_coordinator(tmp_path, mo
     err = capsys.readouterr().err
     assert code == ExitCode.ENVIRONMENT
     assert "deploykit: error:" in err and "Traceback" not in err
-    assert ("No labgrid coordinator given" in err) or ("needs labgrid" in err)
+    if importlib.util.find_spec("labgrid") is not None:
+        # labgrid is there: what is missing is the coordinator
+        assert "No labgrid coordinator given" in err and "LG_COORDINATOR" in err
+    else:
+        # the farm extra is not installed: checked before anything else, and named
+        assert "Running on a labgrid board farm needs labgrid" in err
+        assert "deploykit[farm]" in err
 
 
 def test_place_with_a_local_port_is_refused_before_anything_is_built(capsys):
@@ -183,3 +189,24 @@ def test_without_labgrid_place_names_the_extra_before_the_build(capsys):
     err = capsys.readouterr().err
     assert code == ExitCode.ENVIRONMENT
     assert "deploykit[farm]" in err and "exporting" not in err
+
+
+def test_farm_status_without_labgrid_names_the_extra():
+    """The other branch of the test above, whatever this machine has: labgrid made
+    unimportable in a process of its own (None in sys.modules is how Python marks a module
+    that must not be imported)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; sys.modules['labgrid'] = None\n"
+            "from deploykit.cli import main\nsys.exit(main(['farm', 'status']))")
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    env = {k: v for k, v in os.environ.items() if k != "LG_COORDINATOR"}
+    env["PYTHONPATH"] = str(tools)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert res.returncode == ExitCode.ENVIRONMENT, res.stderr
+    assert "Running on a labgrid board farm needs labgrid" in res.stderr
+    assert "deploykit[farm]" in res.stderr and "Traceback" not in res.stderr
