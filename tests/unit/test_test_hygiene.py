@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
+
+from tests.lines import Deadline, Lines
 
 ROOT = Path(__file__).resolve().parents[2]
 # Import names of pyproject's dependencies whose distribution name differs.
@@ -114,3 +121,26 @@ def test_no_test_starts_python_pip_or_deploykit_from_path():
     assert offenders == [], "start sys.executable or a path instead of PATH's program"
     # An allowance whose command is gone would hide the next one of that name.
     assert [k for k in ALLOWED_FROM_PATH if k not in found] == []
+
+
+# ---- waits with a deadline (tests/lines.py) ----------------------------------------------------
+
+
+def test_a_silent_child_fails_the_wait_at_its_deadline():
+    """A child that writes one line and then hangs: waiting for a second line ends at the
+    deadline (a loop that checks its deadline only when a line arrives would wait forever)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('first', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        lines = Lines(child.stdout)
+        assert lines.wait_for("^first", 60) == "first\n"
+        t0 = time.monotonic()
+        with pytest.raises(Deadline, match="first"):
+            lines.wait_for("^second", 0.5)
+        assert time.monotonic() - t0 < 30  # the deadline, not the child's 600 s
+    finally:
+        child.kill()
+        child.wait()
+    assert lines.rest(30) == "" and lines.eof  # killed: the end of its output
