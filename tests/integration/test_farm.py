@@ -313,7 +313,10 @@ def test_a_busy_place_times_out_naming_its_holder(farm, image, tmp_path):
     t0 = time.monotonic()
     with pytest.raises(FarmError) as err:
         runner(farm, "lab/pico2-3", place_timeout=1.5).run(image, tmp_path / "out")
-    assert 1.5 <= time.monotonic() - t0 < 10
+    # It gave up at its own place timeout, not the default 300 s: the upper bound leaves room
+    # for the session's start on a loaded machine (load average 8 on two cores).
+    assert 1.5 <= time.monotonic() - t0 < 60
+    assert "within 1.5 s" in err.value.cause
     assert f"lab/pico2-3 held by {holder}" in err.value.cause
     assert farm.boards["lab/pico2-3"].flashes == []
 
@@ -441,6 +444,7 @@ def test_contention_two_places_four_runs_and_a_ctrl_c(farm, image, tmp_path):
 
 
 @pytest.mark.sources
+@pytest.mark.timeout(2400)  # a cold pico-sdk and runtime build first, beyond the default limit
 def test_deploykit_run_place_builds_flashes_reads_and_compares(farm, tmp_path):
     """The whole command on the farm: export, build (pico-sdk), acquire, flash, read, compare,
     release. The stand-in answers with the export's own reference outputs, then with outputs
