@@ -51,7 +51,8 @@ def kernel_library(op: str, prim_ops: Iterable[str], portable: dict[str, list[st
                    extra: dict[str, list[str]], cortex_m: dict[str, list[str]]) -> str | None:
     """Which kernel library of the runtime build implements `op`: "prim", "portable",
     "deploykit" (firmware/kernels), "cortex_m", or None. deploykit's export checks a model's
-    operators with this same function before anything is compiled (deploykit.readers.op_coverage)."""
+    operators with this same function before anything is compiled
+    (deploykit.readers.op_coverage)."""
     if op in prim_ops:
         return "prim"
     if op in portable:

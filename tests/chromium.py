@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -95,8 +96,14 @@ class Browser:
 
     def _read(self, deadline: float) -> dict[str, Any]:
         while b"\0" not in self._buffer:
-            if time.monotonic() > deadline:
+            # select() first: a bare os.read() would block past the deadline (forever, if
+            # Chromium hangs with its pipe open).
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise TimeoutError("no reply from Chromium")
+            ready, _, _ = select.select([self._from_browser], [], [], left)
+            if not ready:
+                continue
             chunk = os.read(self._from_browser, 1 << 16)
             if not chunk:
                 raise RuntimeError("Chromium closed its DevTools pipe")

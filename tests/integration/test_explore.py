@@ -36,6 +36,7 @@ from deploykit.readers.trace import program_instructions
 from deploykit.util import tool_env
 from deploykit.util.errors import EnvironmentProblem
 from tests import chromium
+from tests.lines import Lines
 from tests.perturb import perturb_requantize_scale
 from tests.unit.test_explore_node_data import (
     lay_out_recorded_program,
@@ -67,16 +68,45 @@ print(json.dumps(out))
 """
 
 
+def index_unreachable() -> str | None:
+    """Why pip cannot reach its package index for the pinned Model Explorer, or None when it
+    can. Asked the way the environment is made: this Python's pip, with its configuration."""
+    name = tool_env.PINS[0].split("==")[0]
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "pip", "index", "versions", name],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        )
+    except subprocess.TimeoutExpired:
+        return f"pip index versions {name} got no answer in 300 s"
+    if res.returncode == 0:
+        return None
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    return f"pip index versions {name}: {lines[-1] if lines else f'exit {res.returncode}'}"
+
+
 @pytest.fixture(scope="session")
 def model_explorer_env() -> tool_env.ToolEnv:
     try:
         return tool_env.ensure(progress=lambda msg: print(msg, file=sys.stderr))
     except EnvironmentProblem as exc:
-        pytest.skip(
-            f"the Model Explorer environment could not be created at "
-            f"{tool_env.env_path()} (needs PyPI, or ${tool_env.WHEELS_ENV} with the "
-            f"wheels): {exc.cause.splitlines()[0]}"
-        )
+        problem = f"{exc.cause}\n{exc.hint or ''}"
+    # Without the package index (and no wheel directory given) the environment cannot be
+    # made here: that is the machine, a skip. Anything else is deploykit's failure.
+    if not os.environ.get(tool_env.WHEELS_ENV):
+        unreachable = index_unreachable()
+        if unreachable is not None:
+            pytest.skip(
+                f"the Model Explorer environment needs the package index, which is not "
+                f"reachable ({unreachable}); or ${tool_env.WHEELS_ENV} with the wheels"
+            )
+    pytest.fail(
+        f"the Model Explorer environment could not be created at {tool_env.env_path()}, "
+        f"although nothing it needs is missing: {problem}"
+    )
 
 
 def _export(model: str, board_name: str, flow: str, out: Path) -> Path:
@@ -240,32 +270,19 @@ class Served:
             # KeyboardInterrupt).
             preexec_fn=_default_sigint,
         )
-        self.out: list[str] = []
-        deadline = time.monotonic() + 180
         assert self.proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.out.append(line)
-            if line.startswith("Model Explorer: http://"):
-                self.url = line.split(": ", 1)[1].strip()
-                self.port = int(urllib.parse.urlsplit(self.url).port or 0)
-                return
-        self.interrupt()
-        raise AssertionError(f"no URL printed: {''.join(self.out)}{self.proc.stderr.read()}")
+        out = Lines(self.proc.stdout)
+        try:
+            line = out.wait_for(r"^Model Explorer: http://", 180)
+        except AssertionError as exc:
+            _, err = self.interrupt()
+            raise AssertionError(f"no URL printed: {exc}\n{err}") from None
+        self.url = line.split(": ", 1)[1].strip()
+        self.port = int(urllib.parse.urlsplit(self.url).port or 0)
 
     def server_pids(self) -> list[int]:
         """The Model Explorer server: deploykit's child, in its own session."""
-        pids = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == self.proc.pid:
-                pids.append(int(stat.parent.name))
-        return pids
+        return list(_children(self.proc.pid))
 
     def interrupt(self) -> tuple[int, str]:
         """Ctrl-C as a terminal sends it: SIGINT to deploykit's process group."""
@@ -296,6 +313,20 @@ class Served:
             reply = json.loads(r.read())
         assert "error" not in reply, reply
         return reply
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The child processes of `pid`, with their command lines."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found[int(stat.parent.name)] = cmdline
+    return found
 
 
 def _running(pid: int) -> bool:
@@ -526,29 +557,42 @@ def test_ctrl_c_while_creating_leaves_nothing(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "deploykit", "explore", "--setup"],
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        text=True,
         start_new_session=True,
         preexec_fn=_default_sigint,
     )
     assert proc.stderr is not None
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if line.startswith("· installing "):
-            break
-    time.sleep(1)
-    if proc.poll() is not None:
-        pytest.skip(f"the install ended before the interrupt: {''.join(seen[-3:])}")
-    os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, "".join(seen) + err
-    assert "deploykit: interrupted" in err and "Traceback" not in err
+    err = Lines(proc.stderr)
+    try:
+        # The step's own line (a renamed line fails here, it does not skip), then pip at
+        # work under deploykit: the interrupt lands inside the install.
+        err.wait_for(r"^· installing ", 300)
+        deadline = time.monotonic() + 300
+        while not any(" -m pip install " in c for c in _children(proc.pid).values()):
+            if proc.poll() is not None:
+                err.rest(60)
+                unreachable = index_unreachable()
+                if unreachable is not None:
+                    pytest.skip(f"pip ended before the interrupt without the package index "
+                                f"({unreachable}):\n{err.text}")
+                pytest.fail(f"pip ended before the interrupt:\n{err.text}")
+            assert time.monotonic() < deadline, f"no pip install under deploykit:\n{err.text}"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)
+        err.rest(60)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err.text
+    assert "deploykit: interrupted" in err.text and "Traceback" not in err.text
     assert [p.name for p in tools.iterdir()] == [f".{tool_env.env_path().name}.lock"]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the download and two environments, beyond the default limit
 @pytest.mark.skipif(
     not os.environ.get("DEPLOYKIT_TEST_TOOL_ENV_RACE"),
     reason="builds a second Model Explorer environment from downloaded wheels (about 65 s); "
@@ -587,14 +631,18 @@ def test_two_first_uses_at_once_build_one_environment_offline(tmp_path):
         "--wheels",
         str(wheels),
     ]
-    first = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    time.sleep(2)  # inside its venv/pip step, holding the lock
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert first.stderr is not None
+    # It says so once it holds the lock (tool_env._create runs under it).
+    first_err = Lines(first.stderr)
+    first_err.wait_for(r"creating the Model Explorer environment in", 300)
     second = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    results = [p.communicate(timeout=600) for p in (first, second)]
+    first_rest = first_err.rest(600)  # its stdout (one JSON line) cannot fill the pipe
+    assert first.stdout is not None
+    results = [(first.stdout.read().decode(), first_rest), second.communicate(timeout=600)]
+    first.wait(timeout=60)
     assert first.returncode == second.returncode == 0, results
     paths = {json.loads(out)["path"] for out, _ in results}
     assert len(paths) == 1

@@ -27,7 +27,11 @@ from deploykit.util.errors import ExitCode
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
 
 pytestmark = [requires_toolchain, requires_cmake, requires_qemu]
-LIMIT_S = 3.0
+# The run's time limit. Locating the hang after it (a QMP round trip, the ELF's symbols and
+# lines) must cost less than a second limit would: each test checks wall < 2 x LIMIT_S. At 6 s
+# that leaves 6 s for the location and QEMU's end, which holds at a load average of 8 on two
+# cores (bench/soak --parts flaky; docs/failures.md).
+LIMIT_S = 6.0
 
 
 @pytest.mark.parametrize("board", ["qemu-an547", "qemu-an505"])
@@ -40,7 +44,7 @@ def test_selftest_hang_is_located_within_the_limit(tmp_path, board):
     ), hang
     assert re.search(r"called from main \(deploykit firmware, selftest\.c:\d+\)", hang), hang
     # The location costs a QMP round trip, not another limit.
-    assert report.wall_seconds < LIMIT_S + 3.0, report.wall_seconds
+    assert report.wall_seconds < 2 * LIMIT_S, report.wall_seconds
 
 
 def _rebuild(firmware_dir: Path, **definitions: str) -> None:
@@ -75,7 +79,7 @@ def test_runner_hang_is_located_with_its_caller(built_runner, tmp_path):
     ), outcome.cause
     assert "called from main (deploykit firmware, runner.cpp:" in outcome.cause
     assert "hello(board=qemu-an547" in outcome.cause  # the last records seen
-    assert result.wall_seconds < LIMIT_S + 3.0
+    assert result.wall_seconds < 2 * LIMIT_S, result.wall_seconds
 
 
 @requires_sources
@@ -146,4 +150,4 @@ def test_hang_inside_execute_names_the_operator_position(tmp_path):
         f"({before.name}); operator {HANG_AT_OP} ({hung_in.name}) did not end"
     )
     assert position in outcome.cause, outcome.cause
-    assert result.wall_seconds < LIMIT_S + 3.0, result.wall_seconds
+    assert result.wall_seconds < 2 * LIMIT_S, result.wall_seconds

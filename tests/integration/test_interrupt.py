@@ -13,10 +13,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.lines import Lines
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,45 +55,49 @@ def _processes_naming(text: str) -> list[str]:
     return found
 
 
+def _started(out: Path, program: str) -> Callable[[], bool]:
+    """True once a process of `program` (cmake, qemu-system-arm) working on `out` runs: the
+    stage is under way, not only announced."""
+    return lambda: any(program in cmd for cmd in _processes_naming(str(out)))
+
+
 def interrupt_when(
     cmd: list[str],
     stage: re.Pattern[str],
     out: Path,
     *,
-    delay_s: float = 0.0,
+    ready: Callable[[], bool] | None = None,
     limit_s: float = 600.0,
 ) -> str:
-    """Run `cmd`, send SIGINT when a stderr line matches `stage` (after `delay_s`), and check
-    the ending: exit 130, one line saying so, no traceback, no process left. Returns stderr."""
+    """Run `cmd`, send SIGINT when a stderr line matches `stage` and then `ready()` holds, and
+    check the ending: exit 130, one line saying so, no traceback, no process left. Returns
+    stderr. Every wait has a deadline (tests/lines.py), so a deploykit that hangs fails here."""
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(), cwd=ROOT
     )
     assert proc.stderr is not None
-    seen: list[str] = []
+    err = Lines(proc.stderr)
     deadline = time.monotonic() + limit_s
     try:
-        for line in proc.stderr:
-            seen.append(line)
-            if stage.search(line):
-                break
-            assert time.monotonic() < deadline, "".join(seen)
-        else:
-            pytest.fail(f"the stage {stage.pattern!r} never came:\n{''.join(seen)}")
-        time.sleep(delay_s)
+        err.wait_for(stage, limit_s)
+        while ready is not None and not ready():
+            assert time.monotonic() < deadline, f"the stage never got under way:\n{err.text}"
+            assert proc.poll() is None, f"deploykit ended before the interrupt:\n{err.text}"
+            time.sleep(0.02)
         os.kill(proc.pid, signal.SIGINT)
-        rest = proc.stderr.read()
+        rest = err.rest(60)
         rc = proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    err = "".join(seen) + rest
-    assert rc == 130, err
-    assert "Traceback" not in err, err
-    assert err.rstrip().splitlines()[-1] == "deploykit: interrupted", err
+    text = err.text
+    assert rc == 130, text
+    assert "Traceback" not in text, text
+    assert text.rstrip().splitlines()[-1] == "deploykit: interrupted", text
     assert rest.count("deploykit: interrupted") == 1, rest
     assert _processes_naming(str(out)) == []  # at once: nothing may outlive deploykit
-    return err
+    return text
 
 
 def _succeeds(cmd: list[str]) -> str:
@@ -120,7 +126,8 @@ def test_interrupted_run_stops_qemu(tmp_path):
         "--out",
         str(out),
     )
-    interrupt_when(cmd, re.compile(r"running dk_selftest\.elf on qemu"), out, delay_s=1.0)
+    interrupt_when(cmd, re.compile(r"running dk_selftest\.elf on qemu"), out,
+                   ready=_started(out, "qemu-system-arm"))
     ok = _deploykit("selftest", "--board", "qemu-an505", "--out", str(out))
     assert "PASS" in _succeeds(ok)
 
@@ -128,7 +135,9 @@ def test_interrupted_run_stops_qemu(tmp_path):
 def test_interrupted_export_leaves_no_export(tmp_path):
     out = tmp_path / "export"
     cmd = _deploykit("export", "--board", "qemu-an547", "--model", "tiny_cnn", "--out", str(out))
-    interrupt_when(cmd, re.compile(r"exporting tiny_cnn"), out, delay_s=1.5)
+    # Once the export has begun writing its directory: there is something to clean up.
+    interrupt_when(cmd, re.compile(r"exporting tiny_cnn"), out,
+                   ready=(out / "export" / "export-native.log").exists)
     assert not (out / "export" / "model.pte").exists()
     assert not (out / "export" / "export.json").exists()
     _succeeds(cmd)
@@ -136,9 +145,9 @@ def test_interrupted_export_leaves_no_export(tmp_path):
 
 
 RUN_STAGES = {
-    "configure": (re.compile(r"configuring firmware in"), 0.5),
-    "compile": (re.compile(r"building firmware: \d+/"), 0.0),
-    "fit": (re.compile(r"measuring on the target \(run 1\)"), 0.0),
+    "configure": (re.compile(r"configuring firmware in"), "cmake"),
+    "compile": (re.compile(r"building firmware: \d+/"), None),
+    "fit": (re.compile(r"measuring on the target \(run 1\)"), None),
 }
 
 
@@ -146,7 +155,7 @@ RUN_STAGES = {
 @pytest.mark.parametrize("stage", list(RUN_STAGES))
 def test_interrupted_run_then_rebuild(tmp_path, stage):
     out = tmp_path / stage
-    pattern, delay = RUN_STAGES[stage]
+    pattern, program = RUN_STAGES[stage]
     cmd = _deploykit(
         "run",
         "--board",
@@ -157,7 +166,7 @@ def test_interrupted_run_then_rebuild(tmp_path, stage):
         str(out),
         *(["--fit"] if stage == "fit" else []),
     )
-    interrupt_when(cmd, pattern, out, delay_s=delay)
+    interrupt_when(cmd, pattern, out, ready=_started(out, program) if program else None)
     if stage == "fit":
         assert not (out / "fit.json").exists()
     assert "PASS" in _succeeds(cmd)

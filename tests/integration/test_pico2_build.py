@@ -128,23 +128,33 @@ def test_mlp_mnist_builds_for_pico2(tmp_path_factory, flow):
         assert "smlad" in disassembly or "sxtab16" in disassembly
 
 
-@requires_sources
-@requires_qemu
-def test_fit_by_proxy_without_a_board(tmp_path_factory, monkeypatch):
-    """`build --fit` with no Pico 2 attached measures on the board file's proxy (qemu-an505,
-    built with the Pico's softfp flags and runtime options) and links the Pico image at those
-    peaks plus margin plus the SDK's stack (docs/memory.md, Fit by proxy)."""
+@pytest.fixture(scope="module")
+def fitted_by_proxy(tmp_path_factory):
+    """mlp_mnist (cortex_m_int8) built for pico2 with `--fit` and no Pico 2 attached: (the
+    build, its progress messages, its out directory). A fixture, so that each test that
+    needs it gets it whatever ran before."""
     from deploykit.run.runners import RUNNERS
     from deploykit.util.errors import EnvironmentProblem
 
     def nothing_attached(self):
         raise EnvironmentProblem("No pico2 is connected: none found.", "plug it in")
 
-    monkeypatch.setattr(RUNNERS["pico"], "check_environment", nothing_attached)
-    out = tmp_path_factory.getbasetemp() / "pico2-fit" / "mlp_mnist"
+    out = tmp_path_factory.mktemp("pico2-fit") / "mlp_mnist"
     said: list[str] = []
-    built = api.build("pico2", "mlp_mnist", flow="cortex_m_int8", out=out, fit=True,
-                      progress=said.append)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RUNNERS["pico"], "check_environment", nothing_attached)
+        built = api.build("pico2", "mlp_mnist", flow="cortex_m_int8", out=out, fit=True,
+                          progress=said.append)
+    return built, said, out
+
+
+@requires_sources
+@requires_qemu
+def test_fit_by_proxy_without_a_board(fitted_by_proxy, monkeypatch):
+    """`build --fit` with no Pico 2 attached measures on the board file's proxy (qemu-an505,
+    built with the Pico's softfp flags and runtime options) and links the Pico image at those
+    peaks plus margin plus the SDK's stack (docs/memory.md, Fit by proxy)."""
+    built, said, out = fitted_by_proxy
     board = load_board("pico2")
     record = built.planned.fit
     assert record is not None
@@ -177,7 +187,14 @@ def test_fit_by_proxy_without_a_board(tmp_path_factory, monkeypatch):
         limit = syms.get_symbol_by_name("__dk_stack_limit")[0]["st_value"]
         assert top - limit == record.fitted["stack"]
     assert "qemu-an505 (proxy" in built.footprint.table()
-    # stored: a second build reuses it without running anything
+    # stored: a second build reuses it without running anything (still no board attached)
+    from deploykit.run.runners import RUNNERS
+    from deploykit.util.errors import EnvironmentProblem
+
+    def nothing_attached(self):
+        raise EnvironmentProblem("No pico2 is connected: none found.", "plug it in")
+
+    monkeypatch.setattr(RUNNERS["pico"], "check_environment", nothing_attached)
     again: list[str] = []
     api.build("pico2", "mlp_mnist", flow="cortex_m_int8", out=out, fit=True,
               progress=again.append)
@@ -224,14 +241,13 @@ def test_uart_console_without_tinyusb_fitted_by_proxy(tmp_path_factory, monkeypa
 
 @requires_sources
 @requires_qemu
-def test_usb_cdc_image_goals(tmp_path_factory):
+def test_usb_cdc_image_goals(fitted_by_proxy):
     """The USB CDC image of the proxy test meets the goals of issue 18: every RAM section
     together <= 10 KiB, code <= 40 KiB; and no code runs from RAM (the E15 workaround is off on
     the RP2350, and the SDK's flash-write/second-core RAM functions are linked in flash:
     docs/pico2.md)."""
-    out = tmp_path_factory.getbasetemp() / "pico2-fit" / "mlp_mnist"
-    if not (out / "fit.json").exists():
-        pytest.skip("needs test_fit_by_proxy_without_a_board's build (run the module)")
+    _, _, out = fitted_by_proxy
+    assert (out / "fit.json").exists()
     built = api.build("pico2", "mlp_mnist", flow="cortex_m_int8", out=out)
     ram, code = _static_ram_and_code(built.firmware)
     sram = load_board("pico2").region("sram")

@@ -326,19 +326,22 @@ def test_hang_times_out_kills_qemu_and_says_what_arrived(tmp_path):
     enc = StreamEncoder()
     stream = enc.hello(board="qemu-an547", **HELLO) + enc.log("entering the model")
     elf = build_stand_in(tmp_path, board, stream, hang=True)
+    limit = 5
     t0 = time.monotonic()
     with pytest.raises(RunError) as err:
-        runner(board).run(elf, tmp_path / "out", timeout_s=3)
+        runner(board).run(elf, tmp_path / "out", timeout_s=limit)
     elapsed = time.monotonic() - t0
     e = err.value
     assert e.exit_code == ExitCode.TIMEOUT
     text = str(e)
-    assert "3 s" in text and "killed" in text
+    assert f"{limit} s" in text and "killed" in text
     assert "hello(board=qemu-an547" in text and "entering the model" in text
     console = tmp_path / "out" / "run" / "console.bin"
     assert e.log_path == str(console) and str(console) in text and "qemu.log" in text
     assert console.read_bytes() == stream
-    assert 3 <= elapsed < 8
+    # Killed at the limit: not before, and well before a second limit would end (the margin
+    # holds at a load average of 8 on two cores; docs/failures.md).
+    assert limit <= elapsed < 2 * limit
     assert qemu_processes_running(elf) == []
 
 
@@ -391,8 +394,10 @@ def test_done_without_exit_is_a_protocol_error(tmp_path):
     elf = build_stand_in(tmp_path, board, enc.hello(**HELLO) + enc.done(0), hang=True)
     t0 = time.monotonic()
     with pytest.raises(RunError) as err:
-        runner(board, done_grace_s=1.0).run(elf, tmp_path / "out", timeout_s=30)
+        runner(board, done_grace_s=1.0).run(elf, tmp_path / "out", timeout_s=60)
+    # The grace after done ended it (a protocol error), not the run's limit (a timeout); and
+    # well before that limit, with room for QEMU's start on a loaded machine.
     assert err.value.exit_code == ExitCode.PROTOCOL and "did not exit" in str(err.value)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 30
     assert qemu_processes_running(elf) == []
 

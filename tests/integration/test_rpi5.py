@@ -6,8 +6,10 @@ The builds and runs under qemu-aarch64 are in test_rpi5_run.py (they need the so
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,11 +63,12 @@ def test_inspect_shows_cpu_operators_left_outside_xnnpack(tmp_path):
     assert "delegate" in kinds and "cpu" in kinds
     assert "aten::native_layer_norm.out" in info.cpu_ops
     text = subprocess.run(
-        ["python3", "-m", "deploykit", "inspect", str(result.pte_path)],
+        # this interpreter: PATH's python3 may be the distribution's, without deploykit
+        [sys.executable, "-m", "deploykit", "inspect", str(result.pte_path)],
         capture_output=True,
         text=True,
         check=True,
-        env={**__import__("os").environ, "PYTHONPATH": str(repo_root() / "tools")},
+        env={**os.environ, "PYTHONPATH": str(repo_root() / "tools")},
     ).stdout
     assert "XnnpackBackend (delegate 0)" in text and "aten::native_layer_norm.out" in text
 

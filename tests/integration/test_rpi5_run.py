@@ -55,7 +55,13 @@ def _reason() -> str | None:
     return None
 
 
-pytestmark = [requires_cmake, pytest.mark.skipif(_reason() is not None, reason=_reason() or "")]
+pytestmark = [
+    requires_cmake,
+    pytest.mark.skipif(_reason() is not None, reason=_reason() or ""),
+    # The first test builds the aarch64 runtime: about 20 minutes on 2 busy cores, beyond the
+    # suite's default limit (pyproject.toml).
+    pytest.mark.timeout(3600),
+]
 
 
 @pytest.mark.parametrize(

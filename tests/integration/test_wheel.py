@@ -15,6 +15,8 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,58 @@ def _run(cmd, cwd, env, timeout=600):
                           text=True, timeout=timeout)
 
 
+def build_wheel(src: Path, dist: Path, env: dict[str, str]) -> Path:
+    """The wheel of the checkout copy `src` as a user's tools make it: the source distribution
+    first (MANIFEST.in decides what it holds), then the wheel from that sdist (setup.py's
+    build_py bundles the data). Without build isolation: the build takes this environment's
+    setuptools (the `test` extra), so no package index is needed and any failure is the
+    checkout's, reported as a failure with the build's output."""
+    dist.mkdir(parents=True, exist_ok=True)
+    sdist = _run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+                  "print(b.build_sdist(sys.argv[1]))", dist], cwd=src, env=env)
+    assert sdist.returncode == 0, f"building the sdist failed:\n{sdist.stdout}{sdist.stderr}"
+    archive = dist / sdist.stdout.strip().splitlines()[-1]
+    unpacked = dist / "sdist"
+    with tarfile.open(archive) as tar:
+        tar.extractall(unpacked, filter="data")
+    (tree,) = unpacked.iterdir()
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                  "--no-index", "-q", "-w", dist, tree], cwd=dist, env=env)
+    assert built.returncode == 0, f"building the wheel failed:\n{built.stdout}{built.stderr}"
+    (wheel,) = dist.glob("deploykit-*.whl")
+    return wheel
+
+
+def missing_data(wheel: Path) -> list[str]:
+    """The data items (paths.DATA_ITEMS) and package data the wheel lacks."""
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    wanted = [f"deploykit/data/{item}" for item in DATA_ITEMS] + [
+        "deploykit/data/firmware/CMakeLists.txt", "deploykit/data/cmake/arm-none-eabi-gcc.cmake",
+        "deploykit/build/templates/", "deploykit/readers/schema/",
+        "deploykit/readers/protocol/errors.yaml"]
+    return [w for w in wanted if not any(n == w or n.startswith(w.rstrip("/") + "/")
+                                         for n in names)]
+
+
+def _copy_checkout(root: Path, src: Path) -> None:
+    for item in BUILD_INPUTS:  # build from a copy: the checkout gets no build/ or egg-info
+        if (root / item).is_dir():
+            shutil.copytree(root / item, src / item,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            src.mkdir(exist_ok=True)
+            shutil.copy2(root / item, src / item)
+
+
+def _build_env(base: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "DEPLOYKIT_WORKSPACE",
+                        "DEPLOYKIT_BOARDS_DIR", "DEPLOYKIT_MODELS_DIR")}
+    env["XDG_STATE_HOME"] = str(base / "state")
+    return env
+
+
 @pytest.fixture(scope="module")
 def tool(tmp_path_factory):
     """(the venv's deploykit, a fresh working directory, the environment to run it in)."""
@@ -41,23 +95,10 @@ def tool(tmp_path_factory):
                     "wheel from")
     base = tmp_path_factory.mktemp("wheel")
     src = base / "src"
-    for item in BUILD_INPUTS:  # build from a copy: the checkout gets no build/ or egg-info
-        if (root / item).is_dir():
-            shutil.copytree(root / item, src / item,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            src.mkdir(exist_ok=True)
-            shutil.copy2(root / item, src / item)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "DEPLOYKIT_WORKSPACE",
-                        "DEPLOYKIT_BOARDS_DIR", "DEPLOYKIT_MODELS_DIR")}
-    env["XDG_STATE_HOME"] = str(base / "state")
-    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                  base / "dist", src], cwd=base, env=env)
-    if built.returncode != 0:
-        pytest.skip("cannot build the wheel here (pip wheel needs setuptools>=68 from the "
-                    f"package index): {built.stderr.strip()[-400:]}")
-    wheel = next((base / "dist").glob("deploykit-*.whl"))
+    _copy_checkout(root, src)
+    env = _build_env(base)
+    wheel = build_wheel(src, base / "dist", env)
+    assert missing_data(wheel) == []
     venv = base / "venv"
     made = _run([sys.executable, "-m", "venv", venv], cwd=base, env=env)
     assert made.returncode == 0, made.stderr
@@ -74,6 +115,33 @@ def tool(tmp_path_factory):
     work = base / "project"
     work.mkdir()
     return venv / "bin" / "deploykit", work, env
+
+
+@pytest.mark.parametrize("damage", ["setup.py", "MANIFEST.in: no firmware",
+                                    "MANIFEST.in: no .cmake files"])
+def test_a_broken_build_fails_and_is_not_skipped(tmp_path, damage):
+    """A build the checkout breaks fails the wheel tests instead of skipping them: a setup.py
+    that does not run, a MANIFEST.in that leaves a data directory out of the sdist (setup.py
+    then cannot bundle it), or leaves files out (the wheel lacks them)."""
+    root = checkout_root()
+    if root is None:
+        pytest.skip("deploykit is installed, not run from a checkout")
+    src = tmp_path / "src"
+    _copy_checkout(root, src)
+    env = _build_env(tmp_path)
+    manifest = src / "MANIFEST.in"
+    if damage == "setup.py":
+        (src / "setup.py").write_text((src / "setup.py").read_text() + "\nraise SystemExit(1)\n")
+        with pytest.raises(AssertionError, match="building the sdist failed"):
+            build_wheel(src, tmp_path / "dist", env)
+    elif damage == "MANIFEST.in: no firmware":
+        manifest.write_text(manifest.read_text().replace("graft firmware\n", ""))
+        with pytest.raises(AssertionError, match=r"(?s)building the wheel failed.*/firmware'"):
+            build_wheel(src, tmp_path / "dist", env)
+    else:
+        manifest.write_text(manifest.read_text() + "global-exclude *.cmake\n")
+        wheel = build_wheel(src, tmp_path / "dist", env)
+        assert missing_data(wheel) == ["deploykit/data/cmake/arm-none-eabi-gcc.cmake"]
 
 
 def test_the_wheel_carries_the_data_and_runs_outside_the_checkout(tool):

@@ -5,6 +5,10 @@ and the pytest plugin's option names beside labgrid's and pytest-embedded's."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -115,7 +119,13 @@ def test_farm_cli_writes_the_config_and_names_a_missing_coordinator(tmp_path, mo
     err = capsys.readouterr().err
     assert code == ExitCode.ENVIRONMENT
     assert "deploykit: error:" in err and "Traceback" not in err
-    assert ("No labgrid coordinator given" in err) or ("needs labgrid" in err)
+    if importlib.util.find_spec("labgrid") is not None:
+        # labgrid is there: what is missing is the coordinator
+        assert "No labgrid coordinator given" in err and "LG_COORDINATOR" in err
+    else:
+        # the farm extra is not installed: checked before anything else, and named
+        assert "Running on a labgrid board farm needs labgrid" in err
+        assert "deploykit[farm]" in err
 
 
 def test_place_with_a_local_port_is_refused_before_anything_is_built(capsys):
@@ -174,12 +184,28 @@ def test_pytest_options_do_not_clash_with_labgrid_or_pytest_embedded():
     parser.parse(["--board", "pico2", "--lg-place", "board=pico2", "--port", "/dev/x"])
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("labgrid") is not None,
-    reason="labgrid is installed: this checks the message when it is not",
-)
-def test_without_labgrid_place_names_the_extra_before_the_build(capsys):
-    code = main(["run", "--board", "pico2", "--model", "mlp_mnist", "--place", "board=pico2"])
-    err = capsys.readouterr().err
-    assert code == ExitCode.ENVIRONMENT
-    assert "deploykit[farm]" in err and "exporting" not in err
+def _main_without_labgrid(*args: str) -> subprocess.CompletedProcess:
+    """deploykit's CLI in a process of its own where labgrid cannot be imported (None in
+    sys.modules is how Python marks a module that must not be imported): the missing-extra
+    paths run on every machine, whether it has labgrid or not."""
+    code = ("import sys; sys.modules['labgrid'] = None\n"
+            f"from deploykit.cli import main\nsys.exit(main({list(args)!r}))")
+    env = {k: v for k, v in os.environ.items() if k != "LG_COORDINATOR"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "tools")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_without_labgrid_place_names_the_extra_before_the_build():
+    res = _main_without_labgrid("run", "--board", "pico2", "--model", "mlp_mnist", "--place",
+                                "board=pico2")
+    assert res.returncode == ExitCode.ENVIRONMENT, res.stderr
+    assert "deploykit[farm]" in res.stderr and "exporting" not in res.stderr
+
+
+def test_farm_status_without_labgrid_names_the_extra():
+    """The other branch of test_farm_cli_writes_the_config_and_names_a_missing_coordinator."""
+    res = _main_without_labgrid("farm", "status")
+    assert res.returncode == ExitCode.ENVIRONMENT, res.stderr
+    assert "Running on a labgrid board farm needs labgrid" in res.stderr
+    assert "deploykit[farm]" in res.stderr and "Traceback" not in res.stderr

@@ -87,15 +87,17 @@ def test_other_overload_is_named_in_why():
 
 @pytest.fixture
 def executorch_sources() -> Path:
-    import os
+    """The ExecuTorch tree of the workspace the tool itself would use (--workspace, else
+    $DEPLOYKIT_WORKSPACE, else the default `deploykit setup` fills): the CMake gate script
+    reads the source tree."""
+    from deploykit.readers.sources import load_workspace
+    from deploykit.util.errors import DeployKitError
 
-    ws = os.environ.get("DEPLOYKIT_WORKSPACE")
-    tree = Path(ws) / "executorch" if ws else None
-    if tree is None or not (tree / "kernels/portable/functions.yaml").is_file():
-        pytest.skip(
-            "needs the ExecuTorch sources ($DEPLOYKIT_WORKSPACE with executorch/, "
-            "`deploykit setup`): the CMake gate script reads the source tree"
-        )
+    try:
+        tree = load_workspace().executorch_dir
+    except DeployKitError as exc:
+        pytest.skip(f"needs the ExecuTorch sources (`deploykit setup`): {exc.cause}")
+    assert (tree / "kernels/portable/functions.yaml").is_file(), f"{tree} is incomplete"
     return tree
 
 

@@ -4,6 +4,7 @@ was written on."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -89,3 +90,22 @@ def test_test_modules_have_unique_names():
     for path in sorted(tests.rglob("test_*.py")):
         assert path.name not in seen, f"{path} and {seen[path.name]} share a module name"
         seen[path.name] = path
+
+
+def test_every_test_has_a_time_limit_and_the_install_brings_it(pytestconfig):
+    """A hung test fails on its own (pytest-timeout, [tool.pytest.ini_options] timeout)
+    instead of holding CI until its own limit: the plugin is in the `test` extra, which
+    scripts/install installs, and it is loaded in this very run."""
+    root = checkout_root()
+    if root is None:
+        pytest.skip("installed deploykit: no pyproject.toml or scripts/install")
+    pyproject = (root / "pyproject.toml").read_text()
+    extra = re.search(r"^test = \[(.*)\]$", pyproject, re.M)
+    assert extra is not None and '"pytest-timeout' in extra.group(1)
+    assert re.search(r"^timeout = \d+$", pyproject, re.M)
+    install = (root / "scripts" / "install").read_text()
+    extras = re.search(r"^extras=(\S+)$", install, re.M)
+    assert extras is not None and "test" in extras.group(1).split(",")
+    assert pytestconfig.pluginmanager.hasplugin("timeout"), (
+        "pytest-timeout is not installed: scripts/install --tests (or pip install -e '.[test]')")
+    assert float(pytestconfig.getini("timeout")) >= 600

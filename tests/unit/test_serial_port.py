@@ -22,7 +22,6 @@ import pty
 import shutil
 import subprocess
 import threading
-import time
 import tty
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from deploykit.run.runners.serial_port import (
 )
 from deploykit.run.transport import cdc_ports, locate_port
 from deploykit.util.errors import ConfigError, ExitCode, RunError
+from tests.lines import Lines
 
 CC = shutil.which("cc") or shutil.which("gcc")
 pytestmark = pytest.mark.skipif(CC is None, reason="no host C compiler (apt-get install gcc)")
@@ -107,6 +107,12 @@ static uint64_t now_us(void) {
   return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 static void idle(void) { usleep(500); }
+/* What the "firmware" has got to, on stdout, one line each: the test waits for these events
+ * instead of guessing with sleeps how far it got on a loaded machine. */
+static void event(const char *what) {
+  printf("%s\n", what);
+  fflush(stdout);
+}
 static const dk_link_port_t port = {port_read, port_write, now_us, idle};
 
 void dk_console_write(const void *data, size_t len) { dk_link_write(data, len); }
@@ -147,6 +153,7 @@ static void start_tick(long us) {
 static void hang(int argc, char **argv) {
   const long watchdog_ms = opt(argc, argv, "watchdog_ms", 0);
   const uint64_t end = now_us() + (uint64_t)watchdog_ms * 1000u;
+  event("hanging");
   while (!watchdog_ms || now_us() < end) {
   }
   struct itimerval off = {{0, 0}, {0, 0}};
@@ -172,6 +179,7 @@ static void finish(int argc, char **argv) {
   long exit_on_ack = opt(argc, argv, "exit_on_ack", 1), max_ms = opt(argc, argv, "max_ms", 20000);
   uint64_t end = now_us() + (uint64_t)max_ms * 1000u;
   dk_link_finish();
+  event("finished"); /* the run is over: only the link is served from here */
   while (now_us() < end) {
     dk_link_poll();
     if (exit_on_ack && dk_link_get_stats()->acks) break;
@@ -207,6 +215,7 @@ int main(int argc, char **argv) {
   serve_for(opt(argc, argv, "delay_ms", 0), 1);
   long gap = opt(argc, argv, "gap_ms", 0), n_floats = opt(argc, argv, "floats", 10);
   dk_send_hello("protocol=1\nboard=pico2\nfirmware=executorch-runner\npte_sha256=0011223344556677");
+  event("hello");
   serve_for(gap, 1);
   float *out = malloc((size_t)n_floats * sizeof *out);
   for (long i = 0; i < n_floats; ++i) out[i] = (float)i * 0.5f - 2.0f;
@@ -291,14 +300,36 @@ class Device:
         self.path = os.ttyname(slave)
         os.set_blocking(self.master, False)
         self.proc = subprocess.Popen([str(exe), str(self.master), *args],
-                                     pass_fds=(self.master,), stdout=subprocess.PIPE, text=True)
+                                     pass_fds=(self.master,), stdout=subprocess.PIPE)
         os.close(slave)  # only the host opens it from now on, by path
+        assert self.proc.stdout is not None
+        self.events = Lines(self.proc.stdout)
+
+    def reached(self, event: str, limit_s: float = 60.0) -> None:
+        """Wait until the stand-in says it got to `event` (hello, finished, hanging)."""
+        self.events.wait_for(f"^{event}$", limit_s)
 
     def finish(self, timeout: float = 10.0) -> tuple[int, dict[str, int]]:
-        out, _ = self.proc.communicate(timeout=timeout)
+        self.events.rest(timeout)
+        self.proc.wait(timeout=timeout)
         os.close(self.master)
-        stats = dict(kv.split("=") for kv in out.split()) if out.strip() else {}
+        stats = next((dict(kv.split("=") for kv in line.split())
+                      for _, line in self.events.seen if "requests=" in line), {})
         return self.proc.returncode, {k: int(v) for k, v in stats.items()}
+
+
+def _locate_watched(state: dict) -> tuple:
+    """A port finder over `state["path"]`, and an event set when the host asked for the port
+    while it was gone (the host has noticed the reboot)."""
+    looked = threading.Event()
+
+    def locate():
+        path = state["path"]
+        if path is None:
+            looked.set()
+        return path
+
+    return locate, looked
 
 
 def read(path_or_locate, timeout=10.0, **kw):
@@ -318,7 +349,7 @@ def assert_full_run(res):
 
 def test_host_opens_late_after_the_run(standin):
     dev = Device(standin["default"])
-    time.sleep(0.5)  # the "firmware" ran and finished before anyone opened the port
+    dev.reached("finished")  # the "firmware" ran and finished before anyone opened the port
     res = read(dev.path)
     assert_full_run(res)
     code, stats = dev.finish()
@@ -339,7 +370,7 @@ def test_host_opens_before_the_device_runs(standin):
 
 def test_host_opens_during_the_run_and_gets_the_rest_live(standin):
     dev = Device(standin["default"], "gap_ms=400")
-    time.sleep(0.2)
+    dev.reached("hello")
     res = read(dev.path)
     assert_full_run(res)
     assert dev.finish()[0] == 0
@@ -347,7 +378,7 @@ def test_host_opens_during_the_run_and_gets_the_rest_live(standin):
 
 def test_stale_bytes_of_an_earlier_session_are_discarded(standin):
     dev = Device(standin["default"], "stale=1")
-    time.sleep(0.3)
+    dev.reached("finished")
     res = read(dev.path)
     assert_full_run(res)
     assert res.stats.bytes_discarded >= 20
@@ -364,7 +395,7 @@ def test_a_response_lost_whole_is_repeated_by_the_device(standin):
     # records, so it does not ACK; after DK_LINK_REPEAT_MS the device sends SYNC + transcript
     # again, and the host's decoder restarts on that SYNC.
     dev = Device(standin["default"], f"drop=8:{n}")
-    time.sleep(0.3)
+    dev.reached("finished")
     res = read(dev.path)
     assert_full_run(res)
     code, stats = dev.finish()
@@ -376,7 +407,7 @@ def test_a_damaged_response_is_asked_for_again(standin):
     # The first answer loses bytes in the middle: the host sees done but a damaged stream,
     # so it does not acknowledge; it asks again and gets a clean copy.
     dev = Device(standin["default"], "drop=60:90")
-    time.sleep(0.3)
+    dev.reached("finished")
     res = read(dev.path)
     assert_full_run(res)
     assert res.stats.rerequests == 1
@@ -389,7 +420,7 @@ def test_transcript_overflow_waits_for_the_host_then_streams(standin):
     # rest live. A second host later gets only the stored part: a truncated stream, reported
     # as such, never wrong numbers.
     dev = Device(standin["small"], "floats=2000", "exit_on_ack=0", "max_ms=4000")
-    time.sleep(0.4)
+    dev.reached("hello")  # then it fills the transcript and waits for a host
     res = read(dev.path)
     rec = res.records
     assert rec.outcome().exit_code == ExitCode.OK
@@ -407,7 +438,7 @@ def test_a_transcript_sized_from_the_model_holds_the_whole_run(standin):
     assert transcript_bytes([(40, 2)]) < 2048
     assert transcript_bytes([(8000, 2)]) < 8000 + 2048
     dev = Device(standin["sized2000"], "floats=2000", "exit_on_ack=0", "max_ms=4000")
-    time.sleep(0.5)  # the run is over before the port is opened
+    dev.reached("finished")  # the run is over before the port is opened
     first = read(dev.path)
     assert first.records.outcome().exit_code == ExitCode.OK
     assert first.records.tensors[0].data.size == 2000
@@ -423,14 +454,16 @@ def test_fault_reboot_port_goes_away_and_the_saved_report_is_served(standin, tmp
     state = {"path": None}
     first = Device(standin["default"], "fault=1", f"save={saved}", "gap_ms=300")
     state["path"] = first.path
+    locate, looked_while_gone = _locate_watched(state)
     box: dict = {}
-    t = threading.Thread(target=lambda: box.setdefault("res", read(lambda: state["path"],
-                                                                    timeout=15.0)))
+    t = threading.Thread(target=lambda: box.setdefault("res", read(locate, timeout=15.0)))
     t.start()
     assert first.proc.wait(timeout=10) == 4  # faulted: the port is gone (master closed)
     os.close(first.master)
     state["path"] = None
-    time.sleep(0.3)  # the board reboots and enumerates again, maybe under another name
+    # The board reboots and enumerates again, maybe under another name: only once the host
+    # has looked for the port and found none.
+    assert looked_while_gone.wait(30), "the host never looked for the port again"
     second = Device(standin["default"], f"replay={saved}")
     state["path"] = second.path
     t.join(timeout=20)
@@ -455,8 +488,8 @@ def test_a_hang_answers_from_the_timer_interrupt(standin, tick, expected):
     args = ["hang=1", *(["tick_us=2000"] if tick else [])]
     dev = Device(standin["default"], *args)
     try:
-        time.sleep(0.3)
-        res = read(dev.path, timeout=2.0)
+        dev.reached("hanging")
+        res = read(dev.path, timeout=3.0)
     finally:
         dev.proc.kill()
         dev.proc.wait()
@@ -492,14 +525,14 @@ def test_watchdog_reboot_serves_the_records_before_the_hang(standin, tmp_path):
     first = Device(standin["default"], "tick_us=2000", "hang=1", "watchdog_ms=1500",
                    f"save={saved}")
     state["path"] = first.path
+    locate, looked_while_gone = _locate_watched(state)
     box: dict = {}
-    t = threading.Thread(target=lambda: box.setdefault("res", read(lambda: state["path"],
-                                                                    timeout=15.0)))
+    t = threading.Thread(target=lambda: box.setdefault("res", read(locate, timeout=15.0)))
     t.start()
     assert first.proc.wait(timeout=10) == 5  # the watchdog reset: the port is gone
     os.close(first.master)
     state["path"] = None
-    time.sleep(0.3)
+    assert looked_while_gone.wait(30), "the host never looked for the port again"
     second = Device(standin["default"], f"replay={saved}", "watchdog=1")
     state["path"] = second.path
     t.join(timeout=20)
@@ -535,8 +568,8 @@ def test_a_profiling_run_that_hangs_is_placed_in_its_program(standin, pico2, tmp
     board = dataclasses.replace(pico2, raw={**pico2.raw, "serial": serial})
     dev = Device(standin["default"], "tick_us=2000", "trace=1", "hang=1")
     try:
-        time.sleep(0.3)
-        result = read_board(board, tmp_path / "run", timeout_s=2.0, port=dev.path, elf=elf)
+        dev.reached("hanging")
+        result = read_board(board, tmp_path / "run", timeout_s=3.0, port=dev.path, elf=elf)
     finally:
         dev.proc.kill()
         dev.proc.wait()
@@ -624,7 +657,7 @@ def test_pico_runner_is_registered_with_its_capabilities(pico2):
 
 def test_read_board_over_a_pty_found_by_list_ports(standin, pico2, tmp_path):
     dev = Device(standin["default"])
-    time.sleep(0.3)
+    dev.reached("finished")
 
     class Env:  # list_ports says the board's CDC port is the pty
         @staticmethod

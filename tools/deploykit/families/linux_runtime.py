@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from deploykit.build.cmake import _run_logged
 from deploykit.readers.boards import repo_root
 from deploykit.readers.doctor import require_tools
 from deploykit.util.fsutil import write_atomic
+from deploykit.util.process import tool_version
 
 # ExecuTorch options of the runtime: the XNNPACK delegate (without Arm's KleidiAI kernels, which
 # XNNPACK would download at configure time), the file data loader, and nothing else (no
@@ -77,8 +77,7 @@ def toolchain_file() -> Path:
 
 
 def _compiler_version(prefix: str) -> str:
-    res = subprocess.run([f"{prefix}g++", "--version"], capture_output=True, text=True, check=False)
-    return res.stdout.splitlines()[0] if res.stdout else ""
+    return tool_version([f"{prefix}g++", "--version"], "the aarch64 runtime's cache key")
 
 
 def runtime_key(

@@ -186,12 +186,9 @@ class CortexMInt8(Flow):
         warnings = []
         if mixed["float_macs"] or excluded:
             warnings.append(summary(mixed, excluded))
-        if dialect_check.get("ran") and not dialect_check.get("bit_exact"):
-            warnings.append(
-                "The cortex_m ops' integer reference (reference.npz, what the device is "
-                "compared with) differs from the PT2E float simulation by "
-                f"{dialect_check['max_diff_output_steps']} output steps (pt2e_output_* in "
-                "reference.npz).")
+        warning = dialect_check_warning(dialect_check)
+        if warning:
+            warnings.append(warning)
         return FlowResult(
             pte=pte, inputs=to_device(inputs), reference=reference, eager=eager,
             input_quant=input_quant, output_quant=output_quant,
@@ -436,6 +433,23 @@ def _exact_integer_conv() -> Any:
         yield
     finally:
         F.conv2d = native
+
+
+def dialect_check_warning(check: dict[str, Any]) -> str | None:
+    """What export.json and the export's output say about the dialect check: a reference that
+    differs from the PT2E simulation, or, when the check did not run, that the device is
+    compared with the PT2E model instead (as the Ethos-U flow says when its TOSA reference
+    model does not run)."""
+    if not check.get("ran"):
+        return (f"The cortex_m ops' integer reference did not run ({check.get('error')}); "
+                "the reference is the quantized PT2E model, which can differ from CMSIS-NN "
+                "by a few output steps.")
+    if not check.get("bit_exact"):
+        return ("The cortex_m ops' integer reference (reference.npz, what the device is "
+                "compared with) differs from the PT2E float simulation by "
+                f"{check['max_diff_output_steps']} output steps (pt2e_output_* in "
+                "reference.npz).")
+    return None
 
 
 def _dialect_check(lowered: Any, inputs: tuple[Any, ...], reference: list[Any],

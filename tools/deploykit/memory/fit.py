@@ -31,7 +31,7 @@ import dataclasses
 import functools
 import hashlib
 import json
-import subprocess
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +42,7 @@ from deploykit.program.inspect import ProgramInfo
 from deploykit.readers.boards import Board, repo_root
 from deploykit.util.errors import MemoryPlanError
 from deploykit.util.fsutil import write_atomic
+from deploykit.util.process import tool_version
 
 if TYPE_CHECKING:
     from deploykit.families.base import BoardFamily
@@ -132,11 +133,12 @@ class FitRecord:
 
 @functools.cache
 def _compiler_version(prefix: str = "arm-none-eabi-") -> str:
-    try:
-        return subprocess.run([f"{prefix}gcc", "-dumpfullversion"], capture_output=True,
-                              text=True, timeout=30).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
+    gcc = f"{prefix}gcc"
+    if shutil.which(gcc) is None:
+        # No toolchain (plan before anything is built): no measurement can have been made
+        # with this key, so none is used; the build stage then names the missing compiler.
         return "none"
+    return tool_version([gcc, "-dumpfullversion"], "the key of stored memory measurements")
 
 
 def _executorch_version() -> str:
@@ -197,32 +199,54 @@ def fit_key(options: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_fit(out: Path, key: str) -> FitRecord | None:
-    """The measurement stored under `key` in `<out>/fit.json`, if any."""
+def _ignore(_message: str) -> None:
+    pass
+
+
+def _read_fits(out: Path, warn: Callable[[str], None]) -> dict[str, Any]:
+    """The entries of `<out>/fit.json` ({} when there is none). A file that exists but cannot
+    be read or parsed is said through `warn`, naming it: the build then runs on estimates, and
+    "never measured" must not pass for "measured, and the record lost"."""
+    path = out / FIT_FILE
     try:
-        data = json.loads((out / FIT_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if data.get("version") != FIT_VERSION:
-        return None
-    entry = data.get("entries", {}).get(key)
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        warn(f"{path} cannot be read ({exc}); its measurements are not used (estimates "
+             "instead)")
+        return {}
+    try:
+        data = json.loads(text)
+        entries = data.get("entries", {}) if data.get("version") == FIT_VERSION else {}
+        if not isinstance(entries, dict):
+            raise ValueError(f"'entries' is a {type(entries).__name__}, not an object")
+    except (ValueError, AttributeError) as exc:
+        warn(f"{path} is damaged ({exc}); its measurements are not used (estimates instead), "
+             "and the next `build --fit` replaces it")
+        return {}
+    return entries
+
+
+def load_fit(out: Path, key: str, warn: Callable[[str], None] = _ignore) -> FitRecord | None:
+    """The measurement stored under `key` in `<out>/fit.json`, if any; a damaged file or
+    entry is said through `warn`."""
+    entry = _read_fits(out, warn).get(key)
     if not entry:
         return None
     try:
         return FitRecord(**{f.name: entry[f.name] for f in dataclasses.fields(FitRecord)
                             if f.name in entry})
-    except TypeError:
+    except (TypeError, KeyError) as exc:
+        warn(f"{out / FIT_FILE}: the entry {key} is damaged ({exc!r}); not used (estimates "
+             "instead), and the next `build --fit` replaces it")
         return None
 
 
 def stale_fits(out: Path, pte_sha256: str, key: str) -> list[FitRecord]:
     """Measurements of the same .pte under another key (another runtime, compiler or firmware
     source): not used, but worth saying that --fit would refresh them."""
-    try:
-        data = json.loads((out / FIT_FILE).read_text())
-    except (OSError, ValueError):
-        return []
-    return [r for k, e in data.get("entries", {}).items() if k != key
+    return [r for k in _read_fits(out, _ignore) if k != key
             for r in [load_fit(out, k)] if r is not None
             and r.options.get("pte_sha256") == pte_sha256]
 

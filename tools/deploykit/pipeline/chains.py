@@ -221,7 +221,7 @@ def _stored_fit(out: Path, program: ProgramInfo, key: str,
                 progress: Progress) -> fitting.FitRecord | None:
     """The measurement of this .pte on this runtime in <out>/fit.json, saying so; or None,
     saying when one exists for another runtime or firmware source (not used)."""
-    record = fitting.load_fit(out, key)
+    record = fitting.load_fit(out, key, warn=lambda problem: progress(f"warning: {problem}"))
     if record is not None:
         progress(f"pools, stack and heap from the measurement in {out / fitting.FIT_FILE}")
     elif fitting.stale_fits(out, program.sha256, key):

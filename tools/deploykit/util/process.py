@@ -1,15 +1,17 @@
-"""What every simulator runner does with its process: ports, the run directory, stopping."""
+"""What every simulator runner does with its process: ports, the run directory, stopping; and
+the version a tool reports, for cache keys."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import socket
 import subprocess
 from pathlib import Path
 
-from deploykit.util.errors import ConfigError
+from deploykit.util.errors import ConfigError, EnvironmentProblem
 
 
 def free_port() -> int:
@@ -17,6 +19,29 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def tool_version(argv: list[str], purpose: str) -> str:
+    """The first line `argv` (a compiler's `--version`) prints. A version that cannot be had
+    is an EnvironmentProblem naming the program: `purpose` (a cache key) must not hold an empty
+    or made-up version, under which a build by another compiler would pass for this one."""
+    command = shlex.join(argv)
+    hint = ("Check the cross toolchain (deploykit doctor); scripts/install installs it, or put "
+            "the right one first on PATH.")
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise EnvironmentProblem(
+            f"`{command}` could not run ({exc}); {purpose} needs the compiler's version.", hint
+        ) from exc
+    lines = res.stdout.strip().splitlines()
+    if res.returncode != 0 or not lines:
+        said = res.stderr.strip().splitlines()
+        detail = f": {said[-1]}" if said else ", no output" if not lines else ""
+        raise EnvironmentProblem(
+            f"`{command}` failed (exit {res.returncode}{detail}); {purpose} needs the "
+            "compiler's version.", hint)
+    return lines[0].strip()
 
 
 def run_dir_for(elf: Path, out_dir: Path) -> Path:

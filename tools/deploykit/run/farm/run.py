@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from deploykit.run.farm.place_flash import flash_place, network_serial_port, serial_url
-from deploykit.run.farm.session import RESULT_TAG, FarmSession, PlaceQuery, held_place
+from deploykit.run.farm.session import (
+    RESULT_TAG,
+    FarmSession,
+    PlaceQuery,
+    describe_error,
+    held_place,
+)
 from deploykit.run.flashers import FlashImage
 from deploykit.util.errors import DeployKitError
 
@@ -67,5 +73,19 @@ def on_place(
             run.outcome = exc.exit_code.name.lower()
             raise
         finally:
-            with contextlib.suppress(Exception):
-                session.set_tags(held.name, {RESULT_TAG: run.outcome})
+            leave_result(session, held.name, run.outcome, progress)
+
+
+def leave_result(session: FarmSession, place: str, outcome: str,
+                 progress: Progress = _quiet) -> bool:
+    """Tag `place` with the run's outcome (`dk_result`, shown by `deploykit farm status`).
+    A tag that cannot be set does not fail the run, but it is said: a stale tag would
+    otherwise show the previous run's outcome as this one's."""
+    try:
+        session.set_tags(place, {RESULT_TAG: outcome})
+    except Exception as exc:  # gRPC's errors (the place is gone, the coordinator is away)
+        progress(f"warning: could not tag {place} with {RESULT_TAG}={outcome} on "
+                 f"{session.address}: {describe_error(exc)}; `deploykit farm status` shows an "
+                 "older result")
+        return False
+    return True

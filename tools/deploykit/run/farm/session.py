@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +33,17 @@ BOARD_TAG = "board"  # the place tag naming the board file (`farm exporter-confi
 
 def _quiet(_message: str) -> None:
     pass
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for an exception: a gRPC error's details (its repr spans several lines)."""
+    details = getattr(exc, "details", None)
+    text = details() if callable(details) else str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _warn_stderr(message: str) -> None:
+    print(f"deploykit: warning: {message}", file=sys.stderr, flush=True)
 
 
 class FarmError(DeployKitError):
@@ -136,9 +148,11 @@ def require_labgrid() -> Any:
 class FarmSession:
     """A session with the coordinator at `address` (see the module docstring)."""
 
-    def __init__(self, address: str | None, *, connect_timeout_s: float = 10.0) -> None:
+    def __init__(self, address: str | None, *, connect_timeout_s: float = 10.0,
+                 warn: Progress = _warn_stderr) -> None:
         client = require_labgrid()
         self.address = coordinator_address(address)
+        self.warn = warn  # what went wrong without failing the command (close() below)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="labgrid-session", daemon=True
@@ -307,10 +321,18 @@ class FarmSession:
         return target
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._call(self._session.stop(), timeout_s=5.0)
-            self._call(self._session.close(), timeout_s=5.0)
+        """Stop the update stream and close the channel, the second also when the first
+        fails; a failure is said, not raised: the run's own outcome matters more."""
+        problems = []
+        for step in ("stop", "close"):
+            try:
+                self._call(getattr(self._session, step)(), timeout_s=5.0)
+            except Exception as exc:  # labgrid's, gRPC's, a timeout: whatever it is, say it
+                problems.append(f"{step}() failed: {describe_error(exc)}")
         self._stop_loop()
+        if problems:
+            self.warn(f"the labgrid session with {self.address} did not end cleanly: "
+                      + "; ".join(problems))
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
