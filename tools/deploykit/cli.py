@@ -54,11 +54,13 @@ class _Output:
 def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = True,
             out_default: str = "build/<board>/<model>") -> None:
     if board:
-        p.add_argument("--board", required=True, help="board name from boards/ (see `deploykit "
-                       "boards`) or a path to a board file")
+        p.add_argument("--board", help="board name from boards/ (see `deploykit boards`) or a "
+                       "path to a board file (default: the project file's `board`)")
     if model:
-        p.add_argument("--model", required=True, help="model name from models/ or a path to a "
-                       "Python file defining model() and example_inputs()")
+        p.add_argument("--model", help="a model name (./models or a bundled one), a Python "
+                       "file defining model() and example_inputs(), or an ExecuTorch program "
+                       "(.pte) made elsewhere (default: the project file's `model`, "
+                       "docs/project.md)")
         p.add_argument("--flow", choices=flow_names(),
                        help="export flow (default: the board file's export.default): "
                        + "; ".join(f"{f.name}: {f.summary}" for f in registry().values()))
@@ -71,7 +73,7 @@ def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = Tru
         p.add_argument("--profile", choices=list(PROFILES),
                        help="build profile (default: the board file's `profile:`, else "
                        f"{DEFAULT_PROFILE}); see `deploykit build --help` and docs/profiles.md")
-        p.add_argument("--strict", action="store_true",
+        p.add_argument("--strict", action="store_true", default=None,
                        help="cortex_m_int8: fail when an operator cannot be lowered to "
                        "int8, instead of keeping it in float (automatic mixed precision; "
                        "docs/int8-coverage.md)")
@@ -101,6 +103,11 @@ def _global_options(p: argparse.ArgumentParser, *, top: bool) -> None:
     g.add_argument("--models-dir", type=Path, metavar="DIR", default=default(None),
                    help="look for models here first, then in ./models, then in the bundled "
                    "ones")
+    g.add_argument("--project", type=Path, metavar="FILE", default=default(None),
+                   help="the project file (default: deploykit.toml, or pyproject.toml with "
+                   "[tool.deploykit], in the current directory or above; docs/project.md)")
+    g.add_argument("--no-project", action="store_true", default=default(False),
+                   help="read no project file")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -143,6 +150,21 @@ def build_parser() -> argparse.ArgumentParser:
                        "cross toolchain, CMake, Ninja, QEMU and the upstream sources of the "
                        "workspace, and say how to fix what is missing. Exits 4 when a check "
                        "fails.")
+
+    p = sub.add_parser("config", help="every setting of a command as it resolves, and where "
+                       "each came from", description="Print every setting a command on the "
+                       "board would use (model, flow, profile, NPU, runner options, inputs, "
+                       "tolerance, ...) and where each value came from: an option, the project "
+                       "file (file and line), the board file, or deploykit's default. Takes the "
+                       "options of `deploykit run`, so `deploykit config --board B --flow F` "
+                       "shows what `deploykit run --board B --flow F` would do. docs/project.md.")
+    _common(p)
+    p.add_argument("--inputs", type=Path, metavar="DIR", help="as for run")
+    p.add_argument("--atol", type=float, help="as for run")
+    p.add_argument("--rtol", type=float, help="as for run")
+    p.add_argument("--timeout", type=float, help="as for run")
+    _fit_option(p)
+    _board_selection(p)
 
     p = sub.add_parser("setup", help="fetch the pinned upstream sources into a workspace",
                        description="Fetch every project of west.yml into the workspace with "
@@ -228,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "Exits non-zero when they disagree.")
     _common(p)
     _fit_option(p)
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=float,
                    help="seconds before a silent simulator is killed (default 120)")
     p.add_argument("--inputs", type=Path, metavar="DIR",
                    help="run every sample in DIR (NAME.npy, NAME.npz with input_0.., or "
@@ -256,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "<out>/export/model.etrecord (docs/profiling.md).")
     _common(p)
     _fit_option(p)
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=float,
                    help="seconds before a silent simulator is killed (default 120)")
     _board_selection(p)
 
@@ -321,11 +343,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "each model's program in section .dk_model.<name>, a CMake package "
                        "(find_package(deploykit_<name> CONFIG), target deploykit::<name>), "
                        "README.md and manifest.json. docs/library.md.")
-    p.add_argument("--board", required=True, help="board name from boards/ (its CPU flags "
-                   "are the component's) or a path to a board file")
-    p.add_argument("--model", required=True, action="append", dest="models",
-                   help="model name from models/ or a path to a Python file; repeat for "
-                   "several models in one component")
+    p.add_argument("--board", help="board name from boards/ (its CPU flags are the "
+                   "component's) or a path to a board file (default: the project file's)")
+    p.add_argument("--model", action="append", dest="models",
+                   help="model name from models/, a path to a Python file or a .pte; repeat "
+                   "for several models in one component (default: the project file's model)")
     p.add_argument("--flow", choices=flow_names(),
                    help="export flow of every model (default: the board file's export.default)")
     p.add_argument("--profile", choices=list(PROFILES),
@@ -334,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="the component's name (default: the models' names joined "
                    "by _): find_package(deploykit_<name>), target deploykit::<name>")
     p.add_argument("--out", type=Path, required=True, help="the component's directory")
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=float,
                    help="seconds for each --fit measurement run (default 120)")
     _fit_option(p)
     _farm_parser(sub)
@@ -366,7 +388,9 @@ def _farm(args: argparse.Namespace, out: _Output) -> int:
         out.result({"coordinator": address, "places": places},
                    api.describe_places(address, places))
         return 0
-    cfg = api.farm_exporter_config(args.board, args.serial, group=args.name, probe=args.probe,
+    board = api.chosen(args.board,
+                       project=False if args.no_project else args.project).board_or_error()
+    cfg = api.farm_exporter_config(board, args.serial, group=args.name, probe=args.probe,
                                    out=args.out)
     out.result(cfg, f"wrote {args.out}" if args.out else cfg.text.rstrip())
     return 0
@@ -395,7 +419,7 @@ def _profiles_help() -> str:
 
 
 def _fit_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fit", action="store_true",
+    p.add_argument("--fit", action="store_true", default=None,
                    help="measure the model's memory on the board's runner first (generous "
                    "pools, one run), then link the pools and stack at the measured peaks plus a "
                    "small margin; stored in <out>/fit.json, so later builds of the same .pte and "
@@ -420,8 +444,16 @@ def _given_runner_options(args: argparse.Namespace) -> dict[str, Any]:
     return {o.dest: getattr(args, o.dest, None) for o in runner_options()}
 
 
+def _setting_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings `deploykit config` was given (pipeline/project.py's names)."""
+    names = ("flow", "profile", "npu_macs", "npu_memory_mode", "strict", "fit", "inputs",
+             "atol", "rtol", "timeout")
+    return {**{n: getattr(args, n, None) for n in names}, **_given_runner_options(args)}
+
+
 def _dispatch(args: argparse.Namespace, out: _Output) -> int:
     cmd = args.command
+    project = False if args.no_project else args.project
     if cmd == "profiles":
         if args.cmake:
             defs = PROFILES[args.cmake].cmake_definitions()
@@ -479,13 +511,15 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         if getattr(args, "place", None):
             raise ConfigError("`deploykit flash` flashes a board on this machine; --place is "
                               "for `deploykit run`.", "Use deploykit run --place NAME.")
-        result = api.flash(args.board, model=args.model, image=args.image, out=args.out,
-                           port=args.port, probe=args.probe, workspace=args.workspace,
-                           progress=out.progress)
+        chosen = api.chosen(args.board, args.model, project=project)
+        result = api.flash(chosen.board_or_error(), model=None if args.image else chosen.model,
+                           image=args.image, out=args.out, port=args.port, probe=args.probe,
+                           workspace=args.workspace, progress=out.progress)
         out.result(result, result.summary())
         return 0
     if cmd == "monitor":
-        report = api.monitor(args.board, port=args.port, timeout=args.timeout, out=args.out,
+        board = api.chosen(args.board, project=project).board_or_error()
+        report = api.monitor(board, port=args.port, timeout=args.timeout, out=args.out,
                              progress=out.progress)
         out.result(report, report.summary())
         return 0 if report.ok else int(report.exit_code)
@@ -500,41 +534,49 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         component = api.library(args.board, args.models, args.out, flow=args.flow,
                                 workspace=args.workspace, progress=out.progress,
                                 profile=args.profile, fit=args.fit, name=args.name,
-                                timeout=args.timeout)
+                                timeout=args.timeout, project=project)
         out.result(component.manifest, component.summary())
         return 0
-    common = {"board": args.board, "out": args.out, "workspace": args.workspace,
-              "progress": out.progress}
+    if cmd == "config":
+        choices, rows = api.config(args.board, args.model, project=project,
+                                   **_setting_options(args))
+        payload = {"project_file": choices.project.path if choices.project else None,
+                   "settings": {r.name: {"value": r.value, "source": r.source} for r in rows}}
+        out.result(payload, api.describe_config(choices, rows))
+        return 0
     if cmd == "selftest":
-        report = api.selftest(**common, timeout=args.timeout, variant=args.variant)
+        board = api.chosen(args.board, project=project).board_or_error()
+        report = api.selftest(board, out=args.out, workspace=args.workspace,
+                              progress=out.progress, timeout=args.timeout or 30.0,
+                              variant=args.variant)
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
-    common.update(model=args.model, flow=args.flow, npu_macs=args.npu_macs,
-                  npu_memory_mode=args.npu_memory_mode, profile=args.profile,
-                  strict=args.strict)
+    common = {"board": args.board, "model": args.model, "out": args.out,
+              "progress": out.progress, "flow": args.flow, "npu_macs": args.npu_macs,
+              "npu_memory_mode": args.npu_memory_mode, "profile": args.profile,
+              "strict": args.strict, "project": project}
     if cmd == "export":
-        common.pop("workspace")
         result = api.export(**common)
         out.result(result, api.describe_export(result))
         return 0
+    common["workspace"] = args.workspace
     if cmd == "plan":
         plan = api.plan(**common, pte=args.pte)
-        what = args.pte or args.model
+        what = args.pte or args.model or api.chosen(args.board, project=project).model
         out.result(plan.to_json(), f"memory plan of {what} on {plan.board}:\n{plan.table()}")
         return 0
     if cmd == "build":
         fw = api.build(**common, fit=args.fit)
         out.result(fw, fw.summary())
         return 0
+    runner = _given_runner_options(args)
     if cmd == "run":
-        report = api.run(**common, timeout=args.timeout,
-                         runner_options=_given_runner_options(args), inputs=args.inputs,
-                         atol=args.atol, rtol=args.rtol, fit=args.fit)
+        report = api.run(**common, timeout=args.timeout, runner_options=runner,
+                         inputs=args.inputs, atol=args.atol, rtol=args.rtol, fit=args.fit)
         if not args.debug_intermediates:
             out.result(report, report.summary())
             return 0 if report.passed else int(report.exit_code)
-        debug = api.debug_intermediates(**common, timeout=args.timeout,
-                                        runner_options=_given_runner_options(args),
+        debug = api.debug_intermediates(**common, timeout=args.timeout, runner_options=runner,
                                         atol=args.atol, rtol=args.rtol, fit=args.fit)
         out.result({"run": to_jsonable(report), "intermediates": debug.json()},
                    f"{report.summary()}\n\n{debug.text()}")
@@ -542,8 +584,8 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
             return int(report.exit_code)
         return int(ExitCode.MISMATCH) if debug.diverged else 0
     if cmd == "profile":
-        profiled = api.profile(**common, timeout=args.timeout,
-                               runner_options=_given_runner_options(args), fit=args.fit)
+        profiled = api.profile(**common, timeout=args.timeout, runner_options=runner,
+                               fit=args.fit)
         out.result(profiled.json(), profiled.text())
         return 0
     raise AssertionError(cmd)
