@@ -300,6 +300,14 @@ def command(board: str | Path | None = None, model: str | None = None, *,
     return Command(choices, resolved, choices.model)
 
 
+def init(directory: Path | None = None):
+    """`deploykit init`: deploykit.toml, model.py and tests/test_on_board.py in `directory`
+    (default: the current one); refuses to overwrite any of them (pipeline/scaffold.py)."""
+    from deploykit.pipeline.scaffold import init_project
+
+    return init_project(directory)
+
+
 def chosen(board: str | Path | None = None, model: str | None = None, *,
            project: ProjectChoice = None) -> Choices:
     """The board and model the arguments and the project file choose, without resolving a

@@ -26,6 +26,7 @@ from deploykit.util.thirdparty_log import route_third_party_logs
 
 _EPILOG = """\
 typical use:
+  deploykit init my-project                         start a project: deploykit.toml, model, test
   deploykit doctor                                  check toolchain, QEMU, Python stack, sources
   deploykit setup                                   fetch the pinned upstream sources (west.yml)
   deploykit run --board qemu-an547 --model tiny_cnn export, build, run on QEMU, compare with host
@@ -150,6 +151,18 @@ def build_parser() -> argparse.ArgumentParser:
                        "cross toolchain, CMake, Ninja, QEMU and the upstream sources of the "
                        "workspace, and say how to fix what is missing. Exits 4 when a check "
                        "fails.")
+
+    p = sub.add_parser("init", help="start a project: deploykit.toml, a model file and an "
+                       "on-board test", description="Write a working project into DIR "
+                       "(default: the current directory): deploykit.toml (the project file: "
+                       "the model and per-board settings, docs/project.md), model.py (model() "
+                       "and example_inputs(), the optional ones in a comment) and "
+                       "tests/test_on_board.py (the model on a board against the host, through "
+                       "deploykit's pytest plugin). Then `deploykit run --board qemu-an547` and "
+                       "`pytest --board qemu-an547` pass there. Overwrites nothing: when one of "
+                       "the files exists, it says so and writes none.")
+    p.add_argument("directory", type=Path, nargs="?", metavar="DIR",
+                   help="the project's directory (created if missing)")
 
     p = sub.add_parser("config", help="every setting of a command as it resolves, and where "
                        "each came from", description="Print every setting a command on the "
@@ -536,6 +549,11 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
                                 profile=args.profile, fit=args.fit, name=args.name,
                                 timeout=args.timeout, project=project)
         out.result(component.manifest, component.summary())
+        return 0
+    if cmd == "init":
+        scaffold = api.init(args.directory)
+        out.result({"directory": scaffold.directory, "files": scaffold.files},
+                   scaffold.summary())
         return 0
     if cmd == "config":
         choices, rows = api.config(args.board, args.model, project=project,
