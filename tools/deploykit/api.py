@@ -88,11 +88,14 @@ def doctor(workspace: Path | None = None):
 
 
 def setup(workspace: Path | None = None, sources: list[str] | None = None,
-          progress: Progress = _quiet, groups: list[str] | None = None) -> Workspace:
+          progress: Progress = _quiet, groups: list[str] | None = None,
+          forget: list[str] | None = None) -> Workspace:
+    """Fetch the pinned sources; `sources` (NAME=PATH[@REV]) are remembered by the workspace
+    and used again by later calls until replaced or named in `forget`."""
     from deploykit.readers import sources as src
 
     overrides = [SourceOverride.parse(s) for s in sources or []]
-    return src.setup(workspace, overrides, progress, groups=groups)
+    return src.setup(workspace, overrides, progress, groups=groups, forget=forget)
 
 
 def inspect(pte: Path) -> ProgramInfo:

@@ -182,9 +182,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("setup", help="fetch the pinned upstream sources into a workspace",
                        description="Fetch every project of west.yml into the workspace with "
                        "`west update`. Without GitHub access, give projects from local git "
-                       "copies with --source NAME=PATH[@REV] (REV defaults to the pinned one).")
+                       "copies with --source NAME=PATH[@REV] (REV defaults to the pinned one); "
+                       "the workspace remembers them, so a later setup (--group pico) needs "
+                       "only its new projects' --source.")
     p.add_argument("--source", action="append", default=[], metavar="NAME=PATH[@REV]",
-                   help="take project NAME from the local git repository PATH (repeatable)")
+                   help="take project NAME from the local git repository PATH (repeatable); "
+                   "the workspace remembers it, and later setups use it again")
+    p.add_argument("--forget", action="append", default=[], metavar="NAME",
+                   help="forget the remembered override of project NAME: fetch it from its "
+                   "upstream again (repeatable; `deploykit doctor` lists the remembered ones)")
     p.add_argument("--group", action="append", default=[], metavar="GROUP",
                    help="also fetch the optional projects of GROUP (repeatable): "
                    + _groups_help())
@@ -489,9 +495,13 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         out.result(checks, "\n".join(lines))
         return 0 if all(c.ok for c in checks) else int(ExitCode.ENVIRONMENT)
     if cmd == "setup":
-        ws = api.setup(args.workspace, args.source, progress=out.progress, groups=args.group)
+        ws = api.setup(args.workspace, args.source, progress=out.progress, groups=args.group,
+                       forget=args.forget)
         text = "\n".join(f"{p.name:<12} {p.commit[:12]}  {p.origin}  {ws.root / p.path}"
                          for p in ws.projects.values())
+        if ws.overrides:
+            text += ("\nremembered overrides (used again by the next setup; --forget NAME): "
+                     + ", ".join(o.describe() for o in ws.overrides.values()))
         out.result(ws, text)
         return 0
     if cmd == "explore":
