@@ -278,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, help="absolute tolerance of the device-vs-host "
                    "comparison (default: the model's TOLERANCE, else the flow's default)")
     p.add_argument("--rtol", type=float, help="relative tolerance, added to --atol")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also print the detail of the report's last line: each pool linked "
+                   "above its peak (--json always has it)")
     p.add_argument("--debug-intermediates", action="store_true",
                    help="also build firmware that streams every operator's output, run it, "
                    "compare each output with the host's run of the same program in execution "
@@ -602,12 +605,12 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         report = api.run(**common, timeout=args.timeout, runner_options=runner,
                          inputs=args.inputs, atol=args.atol, rtol=args.rtol, fit=args.fit)
         if not args.debug_intermediates:
-            out.result(report, report.summary())
+            out.result(report, report.summary(verbose=args.verbose))
             return 0 if report.passed else int(report.exit_code)
         debug = api.debug_intermediates(**common, timeout=args.timeout, runner_options=runner,
                                         atol=args.atol, rtol=args.rtol, fit=args.fit)
         out.result({"run": to_jsonable(report), "intermediates": debug.json()},
-                   f"{report.summary()}\n\n{debug.text()}")
+                   f"{report.summary(verbose=args.verbose)}\n\n{debug.text()}")
         if not report.passed:
             return int(report.exit_code)
         return int(ExitCode.MISMATCH) if debug.diverged else 0
