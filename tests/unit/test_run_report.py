@@ -54,3 +54,33 @@ def test_a_model_file_that_cannot_load_leaves_nothing(tmp_path, body):
     with pytest.raises(ConfigError):
         api.export("qemu-an547", str(model), out=out)
     assert not (out / "export").exists()
+
+
+def test_a_first_run_ends_in_one_line_on_exact_memory():
+    """Estimated pools above their peaks: one line says how to get exact memory (--fit); the
+    pool by pool detail is for --verbose and the JSON (issue #27)."""
+    from deploykit.memory.fit import check_peaks
+    from deploykit.run.report import RunReport, memory_advice, report_json
+    from deploykit.util.errors import ExitCode
+
+    memory = {"temp_pool": (149, 224), "stack": (2_052, 32_768), "heap": (0, 16_384),
+              "method_pool": (2_596, 2_832), "planned_pool": (16_384, 16_384)}
+    failures, oversized = check_peaks(memory)
+    assert failures == [] and len(oversized) == 3
+    report = RunReport(board="qemu-an547", model="model", flow="portable_fp32", passed=True,
+                       exit_code=ExitCode.OK, verdict=None, reference_kind="pybindings",
+                       memory=memory, oversized_pools=oversized,
+                       memory_advice=memory_advice(memory, oversized))
+    lines = report.summary().splitlines()
+    assert lines[-1] == ("  memory: 21,181 B used of 68,592 B linked; `deploykit run --fit` "
+                         "measures the model once and links its pools, stack and heap exact "
+                         "(detail: --verbose or --json)")
+    assert not any("warning" in line for line in lines)
+    verbose = report.summary(verbose=True)
+    assert "stack is 32,768 B, its peak 2,052 B (16.0x)" in verbose
+    assert "heap is 16,384 B, its peak 0 B (unused)" in verbose
+    assert report_json(report)["oversized_pools"] == oversized
+    fitted = RunReport(board="qemu-an547", model="model", flow="portable_fp32", passed=True,
+                       exit_code=ExitCode.OK, verdict=None, reference_kind="pybindings",
+                       memory={"stack": (2_052, 2_560)})
+    assert "memory:" not in fitted.summary()

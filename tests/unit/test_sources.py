@@ -205,3 +205,100 @@ def test_manifest_drops_the_platform_and_adds_cmsis_6():
     assert pins["cmsis"].url == "https://github.com/ARM-software/CMSIS_6"
     assert pins["cmsis"].groups == ("ethos-u",) and pins["cmsis"].optional
     assert pins["ethos-u-core-driver"].revision == "26.02"
+
+
+# ---- remembered overrides ----------------------------------------------------------------------
+
+def _offline_west(tmp_path, monkeypatch) -> Path:
+    """A `west` whose fetch fails as without GitHub; returns the file its calls go to."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "west-calls"
+    _stand_in_west(bin_dir, calls)
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python3"))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def _given(upstream, *names):
+    return [SourceOverride(n, upstream[n][0], upstream[n][1]) for n in names]
+
+
+REQUIRED = ("executorch", "flatbuffers", "flatcc", "cmsis-nn")
+
+
+def test_a_later_setup_uses_the_overrides_given_before(tmp_path, upstream, monkeypatch):
+    """The issue's case: the sources and the Ethos-U projects from local copies, then
+    `setup --group pico` with only the pico projects' --source: nothing is fetched from the
+    network (west is never asked), every project stays where it came from."""
+    calls = _offline_west(tmp_path, monkeypatch)
+    ws = sources.setup(tmp_path / "ws", _given(upstream, *REQUIRED, sources.ETHOS_U_DRIVER,
+                                               sources.CMSIS),
+                       progress=lambda _m: None, groups=["ethos-u"])
+    assert set(ws.overrides) == {*REQUIRED, sources.ETHOS_U_DRIVER, sources.CMSIS}
+    said: list[str] = []
+    ws = sources.setup(tmp_path / "ws", _given(upstream, "pico-sdk", "tinyusb", "picotool"),
+                       progress=said.append, groups=["pico"])
+    assert not calls.exists(), "west was asked to fetch: " + calls.read_text()
+    for name in (*REQUIRED, sources.ETHOS_U_DRIVER, sources.CMSIS, "pico-sdk", "tinyusb",
+                 "picotool"):
+        assert ws.has(name) and ws.projects[name].origin.startswith("override:"), name
+        assert ws.overrides[name].path == upstream[name][0].resolve()
+    assert any(m.startswith(f"{sources.ETHOS_U_DRIVER}: from ") and "as remembered" in m
+               for m in said)
+    # doctor lists them
+    from deploykit.readers.doctor import overrides_check
+
+    check = overrides_check(sources.load_workspace(tmp_path / "ws"))
+    assert check.ok and f"{sources.ETHOS_U_DRIVER}={upstream[sources.ETHOS_U_DRIVER][0]}" \
+        in check.detail and "--forget NAME" in check.detail
+
+
+def test_an_override_stays_until_replaced_or_forgotten(tmp_path, upstream, monkeypatch):
+    calls = _offline_west(tmp_path, monkeypatch)
+    sources.setup(tmp_path / "ws", _given(upstream, *REQUIRED, sources.CMSIS),
+                  progress=lambda _m: None)
+    # Replaced: another copy of cmsis (a second commit) is remembered from now on.
+    other = tmp_path / "cmsis-fork"
+    fork_commit = _repo_with(other, {"README": "fork\n", **_TREES[sources.CMSIS]})
+    ws = sources.setup(tmp_path / "ws", [SourceOverride(sources.CMSIS, other, fork_commit)],
+                       progress=lambda _m: None)
+    assert ws.overrides[sources.CMSIS].path == other.resolve()
+    ws = sources.setup(tmp_path / "ws", [], progress=lambda _m: None)
+    assert ws.projects[sources.CMSIS].commit == fork_commit
+    assert (ws.path_of(sources.CMSIS) / "README").read_text() == "fork\n"
+    assert not calls.exists()
+    # Forgotten: the project comes from its upstream again (here: west, which cannot fetch).
+    with pytest.raises(EnvironmentProblem, match="could not fetch cmsis"):
+        sources.setup(tmp_path / "ws", [], progress=lambda _m: None, forget=[sources.CMSIS])
+    assert calls.read_text().split()[-1] == sources.CMSIS
+    with pytest.raises(ConfigError, match="not a project of west.yml"):
+        sources.setup(tmp_path / "ws", [], progress=lambda _m: None, forget=["nope"])
+
+
+def test_a_remembered_copy_that_moved_says_how_to_go_on(tmp_path, upstream, monkeypatch):
+    _offline_west(tmp_path, monkeypatch)
+    moved = tmp_path / "moved-cmsis-nn"
+    shutil.copytree(upstream["cmsis-nn"][0], moved)
+    given = [*_given(upstream, "executorch", "flatbuffers", "flatcc"),
+             SourceOverride("cmsis-nn", moved, upstream["cmsis-nn"][1])]
+    sources.setup(tmp_path / "ws", given, progress=lambda _m: None)
+    shutil.rmtree(moved)
+    with pytest.raises(ConfigError) as exc:
+        sources.setup(tmp_path / "ws", [], progress=lambda _m: None)
+    assert f"--source cmsis-nn={moved.resolve()}@" in exc.value.cause
+    assert "--source cmsis-nn=PATH" in exc.value.hint and "--forget cmsis-nn" in exc.value.hint
+
+
+def test_a_workspace_from_before_remembers_its_local_copies(tmp_path, upstream, monkeypatch):
+    """A state file without `overrides` (written before they were remembered): the projects
+    whose origin is a local copy are remembered with the revision they were taken at."""
+    calls = _offline_west(tmp_path, monkeypatch)
+    ws = sources.setup(tmp_path / "ws", _given(upstream, *REQUIRED), progress=lambda _m: None)
+    state_path = ws.root / sources.STATE_FILE
+    state = json.loads(state_path.read_text())
+    del state["overrides"]
+    state_path.write_text(json.dumps(state))
+    ws = sources.load_workspace(tmp_path / "ws")
+    assert set(ws.overrides) == set(REQUIRED)
+    assert ws.overrides["flatcc"].revision == upstream["flatcc"][1]
+    sources.setup(tmp_path / "ws", [], progress=lambda _m: None)
+    assert not calls.exists()

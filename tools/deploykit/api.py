@@ -8,7 +8,9 @@ with the conventions every command shares (output directories, board defaults, p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,9 +22,15 @@ from deploykit.util.errors import ConfigError, DeployKitError  # noqa: F401 (use
 from deploykit.util.locks import out_lock
 
 if TYPE_CHECKING:
+    from deploykit.pipeline.project import Choices
     from deploykit.pipeline.target import Target
     from deploykit.profiling.explore import ExploreSession
+    from deploykit.readers.project_file import ProjectFile
     from deploykit.util.tool_env import ToolEnv
+
+    # A project file: a path (or one read), False for none, None to find deploykit.toml (or
+    # pyproject.toml's [tool.deploykit]) from the current directory upwards (docs/project.md).
+    ProjectChoice = Path | str | bool | ProjectFile | None
 
 Progress = Callable[[str], None]
 
@@ -80,11 +88,14 @@ def doctor(workspace: Path | None = None):
 
 
 def setup(workspace: Path | None = None, sources: list[str] | None = None,
-          progress: Progress = _quiet, groups: list[str] | None = None) -> Workspace:
+          progress: Progress = _quiet, groups: list[str] | None = None,
+          forget: list[str] | None = None) -> Workspace:
+    """Fetch the pinned sources; `sources` (NAME=PATH[@REV]) are remembered by the workspace
+    and used again by later calls until replaced or named in `forget`."""
     from deploykit.readers import sources as src
 
     overrides = [SourceOverride.parse(s) for s in sources or []]
-    return src.setup(workspace, overrides, progress, groups=groups)
+    return src.setup(workspace, overrides, progress, groups=groups, forget=forget)
 
 
 def inspect(pte: Path) -> ProgramInfo:
@@ -233,22 +244,120 @@ def target(board: str | Path | Board, *, flow: str | None = None, profile: str |
                           npu_memory_mode=npu_memory_mode, runner_options=runner_options)
 
 
-def export(board: str, model: str, flow: str | None = None, out: Path | None = None,
-           progress: Progress = _quiet, npu_macs: int | None = None,
+@dataclass(frozen=True)
+class Command:
+    """One command's settings (the arguments over the project file) and the Target they
+    resolve to; `model` is None for a command without one."""
+
+    choices: Choices
+    target: Target
+    model: str | None
+
+    def out(self, out: Path | None) -> Path:
+        if out is not None:
+            return Path(out)
+        return default_out(self.target.name, self.model or "model")
+
+    def tolerance(self):
+        """The device-vs-host tolerance chosen (--atol/--rtol or the project file), or None."""
+        from deploykit.run.validate import Tolerance
+
+        atol, rtol = self.choices.tolerance()
+        if atol is None and rtol is None:
+            return None
+        return Tolerance(atol=atol or 0.0, rtol=rtol or 0.0)
+
+
+def command(board: str | Path | None = None, model: str | None = None, *,
+            project: ProjectChoice = None, needs_model: bool = True, runs: bool = False,
+            **given) -> Command:
+    """Resolve a command's settings and its Target once: the arguments (`given`: flow, profile,
+    strict, npu_macs, npu_memory_mode, fit, inputs, expect, atol, rtol, timeout and the runner
+    options; None where not given) over the project file (pipeline/project.py). `runs`: the
+    command runs the board, so the runner options apply."""
+    from deploykit.pipeline.project import (
+        choose,
+        load_project,
+        no_board_error,
+        no_model_error,
+        runner_flags,
+    )
+    from deploykit.pipeline.target import resolve_target
+
+    if not runs:  # a command that does not run takes no runner options, from the file either
+        given = {k: v for k, v in given.items() if k not in runner_flags()}
+    choices = choose({"board": board, "model": model, **given}, load_project(project))
+    if not runs:
+        choices = dataclasses.replace(choices, settings={
+            k: v for k, v in choices.settings.items() if k not in runner_flags()})
+    if choices.board is None:
+        raise no_board_error(choices.project)
+    if needs_model and choices.model is None:
+        raise no_model_error(str(choices.board), choices.project)
+    resolved = resolve_target(
+        choices.board, flow=choices.value("flow"), profile=choices.value("profile"),
+        strict=bool(choices.value("strict")), npu_macs=choices.value("npu_macs"),
+        npu_memory_mode=choices.value("npu_memory_mode"),
+        runner_options=choices.runner_options() if runs else None,
+        origins=choices.origins())
+    return Command(choices, resolved, choices.model)
+
+
+def init(directory: Path | None = None):
+    """`deploykit init`: deploykit.toml, model.py and tests/test_on_board.py in `directory`
+    (default: the current one); refuses to overwrite any of them (pipeline/scaffold.py)."""
+    from deploykit.pipeline.scaffold import init_project
+
+    return init_project(directory)
+
+
+def chosen(board: str | Path | None = None, model: str | None = None, *,
+           project: ProjectChoice = None) -> Choices:
+    """The board and model the arguments and the project file choose, without resolving a
+    Target (commands that take only a board: selftest, flash, monitor)."""
+    from deploykit.pipeline.project import choose, load_project
+
+    return choose({"board": board, "model": model}, load_project(project))
+
+
+def config(board: str | Path | None = None, model: str | None = None, *,
+           project: ProjectChoice = None, **given) -> tuple[Choices, list]:
+    """`deploykit config`: every setting of a command on `board` as it resolves, with where
+    it came from (the command line, the project file's line, the board file, a default).
+    Without a board (none given, none in the project file), the project file's settings."""
+    from deploykit.pipeline.project import choose, load_project, resolved_settings
+
+    choices = choose({"board": board, "model": model, **given}, load_project(project))
+    if choices.board is None:
+        return choices, resolved_settings(choices, None)
+    resolved = command(board, model, project=choices.project or False, needs_model=False,
+                       runs=True, **given)
+    return resolved.choices, resolved_settings(resolved.choices, resolved.target)
+
+
+def describe_config(choices: Choices, rows: list) -> str:
+    from deploykit.pipeline.project import describe_settings
+
+    return describe_settings(choices, rows)
+
+
+def export(board: str | None = None, model: str | None = None, flow: str | None = None,
+           out: Path | None = None, progress: Progress = _quiet, npu_macs: int | None = None,
            npu_memory_mode: str | None = None, profile: str | None = None,
-           strict: bool = False):
+           strict: bool | None = None, *, project: ProjectChoice = None):
     """`strict`: an operator the int8 lowering cannot take is an error, instead of being kept
     in float (automatic mixed precision of the cortex_m flow); and a program that still has an
     island outside the flow's target kernels (program/costs.py) is refused, listing them
-    (int8 layout copies alone are no such island: they compute nothing)."""
+    (int8 layout copies alone are no such island: they compute nothing). `board`, `model` and
+    the settings not given come from the project file (`project`, docs/project.md)."""
     from deploykit.pipeline.chains import export_stage
 
-    resolved = target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
-                      npu_memory_mode=npu_memory_mode)
-    out = out or default_out(board, model)
+    cmd = command(board, model, project=project, flow=flow, profile=profile, strict=strict,
+                  npu_macs=npu_macs, npu_memory_mode=npu_memory_mode)
+    out = cmd.out(out)
     with out_lock(out):
-        result = export_stage(resolved, model, out, progress)
-        if strict:
+        result = export_stage(cmd.target, cmd.model, out, progress)
+        if cmd.target.profile.strict:
             _refuse_fallbacks(result)
     return result
 
@@ -272,125 +381,148 @@ def describe_export(result) -> str:
     return describe(result)
 
 
-def plan(board: str, model: str | None = None, flow: str | None = None, out: Path | None = None,
-         workspace: Path | None = None, progress: Progress = _quiet,
+def plan(board: str | None = None, model: str | None = None, flow: str | None = None,
+         out: Path | None = None, workspace: Path | None = None, progress: Progress = _quiet,
          npu_macs: int | None = None, npu_memory_mode: str | None = None,
-         profile: str | None = None, pte: Path | None = None, strict: bool = False):
+         profile: str | None = None, pte: Path | None = None, strict: bool | None = None, *,
+         project: ProjectChoice = None):
     """The memory plan of `model` (exported first) or of an existing `.pte` on `board`; raises
     MemoryPlanError, naming the region, when it does not fit. Written to <out>/plan.json."""
     from deploykit.pipeline.chains import plan_pte, plan_stage
 
-    if (model is None) == (pte is None):
+    if model is not None and pte is not None:
         raise ConfigError("Plan a model or a .pte, one of them.",
                           "Give --model NAME (exported first) or --pte FILE.pte.")
-    resolved = target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
-                      npu_memory_mode=npu_memory_mode)
+    cmd = command(board, model, project=project, needs_model=pte is None, flow=flow,
+                  profile=profile, strict=strict, npu_macs=npu_macs,
+                  npu_memory_mode=npu_memory_mode)
     if pte is not None:
-        return plan_pte(resolved, Path(pte), out, progress)
-    out = out or default_out(board, model)
+        return plan_pte(cmd.target, Path(pte), out, progress)
+    out = cmd.out(out)
     with out_lock(out):
-        return plan_stage(resolved, model, out, progress)
+        return plan_stage(cmd.target, cmd.model, out, progress)
 
 
-def build(board: str, model: str, flow: str | None = None, out: Path | None = None,
-          workspace: Path | None = None, progress: Progress = _quiet,
+def build(board: str | None = None, model: str | None = None, flow: str | None = None,
+          out: Path | None = None, workspace: Path | None = None, progress: Progress = _quiet,
           npu_macs: int | None = None, npu_memory_mode: str | None = None,
-          profile: str | None = None, fit: bool = False, strict: bool = False):
+          profile: str | None = None, fit: bool | None = None, strict: bool | None = None, *,
+          project: ProjectChoice = None):
     """`profile`: a build profile name (deploykit.pipeline.profiles; default: the board file's
     `profile:`, else size). `fit`: measure the model on the board's runner first when no
     measurement is stored (<out>/fit.json), then link pools and stack at peak + margin.
     `strict`: as for export, checked before the build."""
     from deploykit.pipeline.chains import build_firmware
 
-    resolved = target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
-                      npu_memory_mode=npu_memory_mode)
-    out = out or default_out(board, model)
+    cmd = command(board, model, project=project, flow=flow, profile=profile, strict=strict,
+                  npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit)
+    out = cmd.out(out)
     with out_lock(out):
-        if strict:  # the build reuses this export
-            _strict_export(resolved, model, out, progress)
-        return build_firmware(resolved, model, out, workspace, progress, fit=fit)
+        if cmd.target.profile.strict:  # the build reuses this export
+            _strict_export(cmd.target, cmd.model, out, progress)
+        return build_firmware(cmd.target, cmd.model, out, workspace, progress,
+                              fit=bool(cmd.choices.value("fit")))
 
 
-def run(board: str, model: str, flow: str | None = None, out: Path | None = None,
-        workspace: Path | None = None, timeout: float = 120.0, progress: Progress = _quiet,
-        npu_macs: int | None = None, npu_memory_mode: str | None = None,
-        runner_options: dict | None = None, inputs: Path | None = None,
-        profile: str | None = None, fit: bool = False, atol: float | None = None,
-        rtol: float | None = None, strict: bool = False):
+def run(board: str | None = None, model: str | None = None, flow: str | None = None,
+        out: Path | None = None, workspace: Path | None = None, timeout: float | None = None,
+        progress: Progress = _quiet, npu_macs: int | None = None,
+        npu_memory_mode: str | None = None, runner_options: dict | None = None,
+        inputs: Path | None = None, profile: str | None = None, fit: bool | None = None,
+        atol: float | None = None, rtol: float | None = None, strict: bool | None = None, *,
+        project: ProjectChoice = None):
     """Build, run on the board's runner, compare with the host. `inputs`: a directory of
     samples (program/input_sets.py) run in one firmware run instead of the example inputs. `fit`: as
     for build. `atol`/`rtol` override the model's tolerance. `runner_options`: options the
     board's runner declares (e.g. the Pico runner's port and probe; runners.runner_options)."""
     from deploykit.pipeline.chains import run_firmware
-    from deploykit.run.validate import Tolerance
 
-    resolved = target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
-                      npu_memory_mode=npu_memory_mode, runner_options=runner_options)
-    tolerance = None
-    if atol is not None or rtol is not None:
-        tolerance = Tolerance(atol=atol or 0.0, rtol=rtol or 0.0)
-    out = out or default_out(board, model)
+    cmd = command(board, model, project=project, runs=True, flow=flow, profile=profile,
+                  strict=strict, npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit,
+                  inputs=inputs, atol=atol, rtol=rtol, timeout=timeout,
+                  **(runner_options or {}))
+    out = cmd.out(out)
     with out_lock(out):
-        if strict:  # the build reuses this export
-            _strict_export(resolved, model, out, progress)
-        return run_firmware(resolved, model, out, workspace, timeout, progress,
-                            inputs_dir=inputs, fit=fit, tolerance=tolerance)
+        if cmd.target.profile.strict:  # the build reuses this export
+            _strict_export(cmd.target, cmd.model, out, progress)
+        return run_firmware(cmd.target, cmd.model, out, workspace, _timeout(cmd), progress,
+                            inputs_dir=cmd.choices.value("inputs"),
+                            fit=bool(cmd.choices.value("fit")), tolerance=cmd.tolerance())
 
 
-def library(board: str, models: Sequence[str], out: Path, flow: str | None = None,
-            workspace: Path | None = None, progress: Progress = _quiet,
-            profile: str | None = None, fit: bool = False, name: str | None = None,
-            timeout: float = 120.0, work: Path | None = None, npu_macs: int | None = None,
-            npu_memory_mode: str | None = None):
+def _timeout(cmd: Command) -> float:
+    from deploykit.pipeline.project import DEFAULT_TIMEOUT_S
+
+    return float(cmd.choices.value("timeout", DEFAULT_TIMEOUT_S))
+
+
+def library(board: str | None = None, models: Sequence[str] | None = None,
+            out: Path | None = None, flow: str | None = None, workspace: Path | None = None,
+            progress: Progress = _quiet, profile: str | None = None, fit: bool | None = None,
+            name: str | None = None, timeout: float | None = None, work: Path | None = None,
+            npu_macs: int | None = None, npu_memory_mode: str | None = None,
+            *, project: ProjectChoice = None):
     """A self-contained component of `models` for another CMake project, in `out`
     (pipeline/library.py, docs/library.md): one C API per model, one runtime with the union of
-    their kernels (and, for ethos_u_int8, EthosUBackend and Arm's Ethos-U driver). Each model is
-    exported (and, with `fit`, measured) in build/<board>/<model>, and the component built in
-    build/<board>/library-<name>; `work`: both in that directory instead. `npu_macs`,
-    `npu_memory_mode`: as for export."""
+    their kernels (and, for ethos_u_int8, EthosUBackend and Arm's Ethos-U driver). Each model
+    is exported (and, with `fit`, measured) in build/<board>/<model>, and the component built
+    in build/<board>/library-<name>; `work`: both in that directory instead. Without
+    `models`, the project file's model. `npu_macs`, `npu_memory_mode`: as for export."""
     from deploykit.pipeline.library import build_library
 
-    resolved = target(board, flow=flow, profile=profile, npu_macs=npu_macs,
-                      npu_memory_mode=npu_memory_mode)
-    return build_library(resolved, list(models), Path(out), workspace, progress, fit=fit,
-                         name=name, timeout=timeout,
+    if out is None:
+        raise ConfigError("A library needs its output directory.", "Give --out DIR.")
+    models = list(models or [])
+    cmd = command(board, models[0] if models else None, project=project, flow=flow,
+                  profile=profile, fit=fit, timeout=timeout, npu_macs=npu_macs,
+                  npu_memory_mode=npu_memory_mode)
+    models = models or [cmd.model]
+    return build_library(cmd.target, models, Path(out), workspace, progress,
+                         fit=bool(cmd.choices.value("fit")), name=name, timeout=_timeout(cmd),
                          work=Path(work) if work is not None else None)
 
 
-def profile(board: str, model: str, flow: str | None = None, out: Path | None = None,
-            workspace: Path | None = None, timeout: float = 120.0, progress: Progress = _quiet,
+def profile(board: str | None = None, model: str | None = None, flow: str | None = None,
+            out: Path | None = None, workspace: Path | None = None,
+            timeout: float | None = None, progress: Progress = _quiet,
             npu_macs: int | None = None, npu_memory_mode: str | None = None,
             runner_options: dict | None = None, profile: str | None = None,
-            fit: bool = False, strict: bool = False):
+            fit: bool | None = None, strict: bool | None = None, *,
+            project: ProjectChoice = None):
     """Per-operator profile of `model` on `board` (profiling/stage.py, docs/profiling.md):
     builds profiling firmware and the plain one, runs both, writes <out>/profile/. `strict`:
     as for export."""
     from deploykit.profiling.stage import profile_model
 
-    resolved = target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
-                      npu_memory_mode=npu_memory_mode, runner_options=runner_options)
-    out = out or default_out(board, model)
+    cmd = command(board, model, project=project, runs=True, flow=flow, profile=profile,
+                  strict=strict, npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit,
+                  timeout=timeout, **(runner_options or {}))
+    out = cmd.out(out)
     with out_lock(out):
-        return profile_model(resolved, model, out, workspace, timeout, progress, fit=fit)
+        return profile_model(cmd.target, cmd.model, out, workspace, _timeout(cmd), progress,
+                             fit=bool(cmd.choices.value("fit")))
 
 
-def debug_intermediates(board: str, model: str, flow: str | None = None,
-                        out: Path | None = None, workspace: Path | None = None,
-                        timeout: float = 120.0, progress: Progress = _quiet,
-                        npu_macs: int | None = None, npu_memory_mode: str | None = None,
-                        runner_options: dict | None = None, profile: str | None = None,
-                        fit: bool = False, atol: float | None = None,
-                        rtol: float | None = None, strict: bool = False):
+def debug_intermediates(board: str | None = None, model: str | None = None,
+                        flow: str | None = None, out: Path | None = None,
+                        workspace: Path | None = None, timeout: float | None = None,
+                        progress: Progress = _quiet, npu_macs: int | None = None,
+                        npu_memory_mode: str | None = None, runner_options: dict | None = None,
+                        profile: str | None = None, fit: bool | None = None,
+                        atol: float | None = None, rtol: float | None = None,
+                        strict: bool | None = None, *, project: ProjectChoice = None):
     """Every operator's device output against the host's, in execution order (`deploykit run
     --debug-intermediates`; profiling/stage.py, docs/profiling.md)."""
     from deploykit.profiling.stage import debug_intermediates as debug
 
-    resolved = target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
-                      npu_memory_mode=npu_memory_mode, runner_options=runner_options)
-    out = out or default_out(board, model)
+    cmd = command(board, model, project=project, runs=True, flow=flow, profile=profile,
+                  strict=strict, npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit,
+                  atol=atol, rtol=rtol, timeout=timeout, **(runner_options or {}))
+    out = cmd.out(out)
+    atol, rtol = cmd.choices.tolerance()
     with out_lock(out):
-        return debug(resolved, model, out, workspace, timeout, progress, fit=fit, atol=atol,
-                     rtol=rtol)
+        return debug(cmd.target, cmd.model, out, workspace, _timeout(cmd), progress,
+                     fit=bool(cmd.choices.value("fit")), atol=atol, rtol=rtol)
 
 
 def flash(board: str, *, model: str | None = None, image: Path | None = None,

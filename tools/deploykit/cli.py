@@ -26,6 +26,7 @@ from deploykit.util.thirdparty_log import route_third_party_logs
 
 _EPILOG = """\
 typical use:
+  deploykit init my-project                         start a project: deploykit.toml, model, test
   deploykit doctor                                  check toolchain, QEMU, Python stack, sources
   deploykit setup                                   fetch the pinned upstream sources (west.yml)
   deploykit run --board qemu-an547 --model tiny_cnn export, build, run on QEMU, compare with host
@@ -54,11 +55,13 @@ class _Output:
 def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = True,
             out_default: str = "build/<board>/<model>") -> None:
     if board:
-        p.add_argument("--board", required=True, help="board name from boards/ (see `deploykit "
-                       "boards`) or a path to a board file")
+        p.add_argument("--board", help="board name from boards/ (see `deploykit boards`) or a "
+                       "path to a board file (default: the project file's `board`)")
     if model:
-        p.add_argument("--model", required=True, help="model name from models/ or a path to a "
-                       "Python file defining model() and example_inputs()")
+        p.add_argument("--model", help="a model name (./models or a bundled one), a Python "
+                       "file defining model() and example_inputs(), or an ExecuTorch program "
+                       "(.pte) made elsewhere (default: the project file's `model`, "
+                       "docs/project.md)")
         p.add_argument("--flow", choices=flow_names(),
                        help="export flow (default: the board file's export.default): "
                        + "; ".join(f"{f.name}: {f.summary}" for f in registry().values()))
@@ -71,7 +74,7 @@ def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = Tru
         p.add_argument("--profile", choices=list(PROFILES),
                        help="build profile (default: the board file's `profile:`, else "
                        f"{DEFAULT_PROFILE}); see `deploykit build --help` and docs/profiles.md")
-        p.add_argument("--strict", action="store_true",
+        p.add_argument("--strict", action="store_true", default=None,
                        help="cortex_m_int8: fail when an operator cannot be lowered to "
                        "int8, instead of keeping it in float (automatic mixed precision; "
                        "docs/int8-coverage.md)")
@@ -101,6 +104,11 @@ def _global_options(p: argparse.ArgumentParser, *, top: bool) -> None:
     g.add_argument("--models-dir", type=Path, metavar="DIR", default=default(None),
                    help="look for models here first, then in ./models, then in the bundled "
                    "ones")
+    g.add_argument("--project", type=Path, metavar="FILE", default=default(None),
+                   help="the project file (default: deploykit.toml, or pyproject.toml with "
+                   "[tool.deploykit], in the current directory or above; docs/project.md)")
+    g.add_argument("--no-project", action="store_true", default=default(False),
+                   help="read no project file")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -144,12 +152,45 @@ def build_parser() -> argparse.ArgumentParser:
                        "workspace, and say how to fix what is missing. Exits 4 when a check "
                        "fails.")
 
+    p = sub.add_parser("init", help="start a project: deploykit.toml, a model file and an "
+                       "on-board test", description="Write a working project into DIR "
+                       "(default: the current directory): deploykit.toml (the project file: "
+                       "the model and per-board settings, docs/project.md), model.py (model() "
+                       "and example_inputs(), the optional ones in a comment) and "
+                       "tests/test_on_board.py (the model on a board against the host, through "
+                       "deploykit's pytest plugin). Then `deploykit run --board qemu-an547` and "
+                       "`pytest --board qemu-an547` pass there. Overwrites nothing: when one of "
+                       "the files exists, it says so and writes none.")
+    p.add_argument("directory", type=Path, nargs="?", metavar="DIR",
+                   help="the project's directory (created if missing)")
+
+    p = sub.add_parser("config", help="every setting of a command as it resolves, and where "
+                       "each came from", description="Print every setting a command on the "
+                       "board would use (model, flow, profile, NPU, runner options, inputs, "
+                       "tolerance, ...) and where each value came from: an option, the project "
+                       "file (file and line), the board file, or deploykit's default. Takes the "
+                       "options of `deploykit run`, so `deploykit config --board B --flow F` "
+                       "shows what `deploykit run --board B --flow F` would do. docs/project.md.")
+    _common(p)
+    p.add_argument("--inputs", type=Path, metavar="DIR", help="as for run")
+    p.add_argument("--atol", type=float, help="as for run")
+    p.add_argument("--rtol", type=float, help="as for run")
+    p.add_argument("--timeout", type=float, help="as for run")
+    _fit_option(p)
+    _board_selection(p)
+
     p = sub.add_parser("setup", help="fetch the pinned upstream sources into a workspace",
                        description="Fetch every project of west.yml into the workspace with "
                        "`west update`. Without GitHub access, give projects from local git "
-                       "copies with --source NAME=PATH[@REV] (REV defaults to the pinned one).")
+                       "copies with --source NAME=PATH[@REV] (REV defaults to the pinned one); "
+                       "the workspace remembers them, so a later setup (--group pico) needs "
+                       "only its new projects' --source.")
     p.add_argument("--source", action="append", default=[], metavar="NAME=PATH[@REV]",
-                   help="take project NAME from the local git repository PATH (repeatable)")
+                   help="take project NAME from the local git repository PATH (repeatable); "
+                   "the workspace remembers it, and later setups use it again")
+    p.add_argument("--forget", action="append", default=[], metavar="NAME",
+                   help="forget the remembered override of project NAME: fetch it from its "
+                   "upstream again (repeatable; `deploykit doctor` lists the remembered ones)")
     p.add_argument("--group", action="append", default=[], metavar="GROUP",
                    help="also fetch the optional projects of GROUP (repeatable): "
                    + _groups_help())
@@ -228,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "Exits non-zero when they disagree.")
     _common(p)
     _fit_option(p)
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=float,
                    help="seconds before a silent simulator is killed (default 120)")
     p.add_argument("--inputs", type=Path, metavar="DIR",
                    help="run every sample in DIR (NAME.npy, NAME.npz with input_0.., or "
@@ -237,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, help="absolute tolerance of the device-vs-host "
                    "comparison (default: the model's TOLERANCE, else the flow's default)")
     p.add_argument("--rtol", type=float, help="relative tolerance, added to --atol")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also print the detail of the report's last line: each pool linked "
+                   "above its peak (--json always has it)")
     p.add_argument("--debug-intermediates", action="store_true",
                    help="also build firmware that streams every operator's output, run it, "
                    "compare each output with the host's run of the same program in execution "
@@ -256,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "with <out>/export/model.etrecord (docs/profiling.md).")
     _common(p)
     _fit_option(p)
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=float,
                    help="seconds before a silent simulator is killed (default 120)")
     _board_selection(p)
 
@@ -322,11 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "each model's program in section .dk_model.<name>, a CMake package "
                        "(find_package(deploykit_<name> CONFIG), target deploykit::<name>), "
                        "README.md and manifest.json. docs/library.md.")
-    p.add_argument("--board", required=True, help="board name from boards/ (its CPU flags "
-                   "are the component's) or a path to a board file")
-    p.add_argument("--model", required=True, action="append", dest="models",
-                   help="model name from models/ or a path to a Python file; repeat for "
-                   "several models in one component")
+    p.add_argument("--board", help="board name from boards/ (its CPU flags are the "
+                   "component's) or a path to a board file (default: the project file's)")
+    p.add_argument("--model", action="append", dest="models",
+                   help="model name from models/, a path to a Python file or a .pte; repeat "
+                   "for several models in one component (default: the project file's model)")
     p.add_argument("--flow", choices=flow_names(),
                    help="export flow of every model (default: the board file's export.default)")
     p.add_argument("--npu-macs", type=int, metavar="N",
@@ -342,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="the component's name (default: the models' names joined "
                    "by _): find_package(deploykit_<name>), target deploykit::<name>")
     p.add_argument("--out", type=Path, required=True, help="the component's directory")
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=float,
                    help="seconds for each --fit measurement run (default 120)")
     _fit_option(p)
     _farm_parser(sub)
@@ -374,7 +418,9 @@ def _farm(args: argparse.Namespace, out: _Output) -> int:
         out.result({"coordinator": address, "places": places},
                    api.describe_places(address, places))
         return 0
-    cfg = api.farm_exporter_config(args.board, args.serial, group=args.name, probe=args.probe,
+    board = api.chosen(args.board,
+                       project=False if args.no_project else args.project).board_or_error()
+    cfg = api.farm_exporter_config(board, args.serial, group=args.name, probe=args.probe,
                                    out=args.out)
     out.result(cfg, f"wrote {args.out}" if args.out else cfg.text.rstrip())
     return 0
@@ -403,7 +449,7 @@ def _profiles_help() -> str:
 
 
 def _fit_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fit", action="store_true",
+    p.add_argument("--fit", action="store_true", default=None,
                    help="measure the model's memory on the board's runner first (generous "
                    "pools, one run), then link the pools and stack at the measured peaks plus a "
                    "small margin; stored in <out>/fit.json, so later builds of the same .pte and "
@@ -428,8 +474,16 @@ def _given_runner_options(args: argparse.Namespace) -> dict[str, Any]:
     return {o.dest: getattr(args, o.dest, None) for o in runner_options()}
 
 
+def _setting_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings `deploykit config` was given (pipeline/project.py's names)."""
+    names = ("flow", "profile", "npu_macs", "npu_memory_mode", "strict", "fit", "inputs",
+             "atol", "rtol", "timeout")
+    return {**{n: getattr(args, n, None) for n in names}, **_given_runner_options(args)}
+
+
 def _dispatch(args: argparse.Namespace, out: _Output) -> int:
     cmd = args.command
+    project = False if args.no_project else args.project
     if cmd == "profiles":
         if args.cmake:
             defs = PROFILES[args.cmake].cmake_definitions()
@@ -452,9 +506,13 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         out.result(checks, "\n".join(lines))
         return 0 if all(c.ok for c in checks) else int(ExitCode.ENVIRONMENT)
     if cmd == "setup":
-        ws = api.setup(args.workspace, args.source, progress=out.progress, groups=args.group)
+        ws = api.setup(args.workspace, args.source, progress=out.progress, groups=args.group,
+                       forget=args.forget)
         text = "\n".join(f"{p.name:<12} {p.commit[:12]}  {p.origin}  {ws.root / p.path}"
                          for p in ws.projects.values())
+        if ws.overrides:
+            text += ("\nremembered overrides (used again by the next setup; --forget NAME): "
+                     + ", ".join(o.describe() for o in ws.overrides.values()))
         out.result(ws, text)
         return 0
     if cmd == "explore":
@@ -487,13 +545,15 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         if getattr(args, "place", None):
             raise ConfigError("`deploykit flash` flashes a board on this machine; --place is "
                               "for `deploykit run`.", "Use deploykit run --place NAME.")
-        result = api.flash(args.board, model=args.model, image=args.image, out=args.out,
-                           port=args.port, probe=args.probe, workspace=args.workspace,
-                           progress=out.progress)
+        chosen = api.chosen(args.board, args.model, project=project)
+        result = api.flash(chosen.board_or_error(), model=None if args.image else chosen.model,
+                           image=args.image, out=args.out, port=args.port, probe=args.probe,
+                           workspace=args.workspace, progress=out.progress)
         out.result(result, result.summary())
         return 0
     if cmd == "monitor":
-        report = api.monitor(args.board, port=args.port, timeout=args.timeout, out=args.out,
+        board = api.chosen(args.board, project=project).board_or_error()
+        report = api.monitor(board, port=args.port, timeout=args.timeout, out=args.out,
                              progress=out.progress)
         out.result(report, report.summary())
         return 0 if report.ok else int(report.exit_code)
@@ -509,50 +569,63 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
                                 workspace=args.workspace, progress=out.progress,
                                 profile=args.profile, fit=args.fit, name=args.name,
                                 timeout=args.timeout, npu_macs=args.npu_macs,
-                                npu_memory_mode=args.npu_memory_mode)
+                                npu_memory_mode=args.npu_memory_mode, project=project)
         out.result(component.manifest, component.summary())
         return 0
-    common = {"board": args.board, "out": args.out, "workspace": args.workspace,
-              "progress": out.progress}
+    if cmd == "init":
+        scaffold = api.init(args.directory)
+        out.result({"directory": scaffold.directory, "files": scaffold.files},
+                   scaffold.summary())
+        return 0
+    if cmd == "config":
+        choices, rows = api.config(args.board, args.model, project=project,
+                                   **_setting_options(args))
+        payload = {"project_file": choices.project.path if choices.project else None,
+                   "settings": {r.name: {"value": r.value, "source": r.source} for r in rows}}
+        out.result(payload, api.describe_config(choices, rows))
+        return 0
     if cmd == "selftest":
-        report = api.selftest(**common, timeout=args.timeout, variant=args.variant)
+        board = api.chosen(args.board, project=project).board_or_error()
+        report = api.selftest(board, out=args.out, workspace=args.workspace,
+                              progress=out.progress, timeout=args.timeout or 30.0,
+                              variant=args.variant)
         out.result(report, report.summary())
         return 0 if report.passed else int(report.exit_code)
-    common.update(model=args.model, flow=args.flow, npu_macs=args.npu_macs,
-                  npu_memory_mode=args.npu_memory_mode, profile=args.profile,
-                  strict=args.strict)
+    common = {"board": args.board, "model": args.model, "out": args.out,
+              "progress": out.progress, "flow": args.flow, "npu_macs": args.npu_macs,
+              "npu_memory_mode": args.npu_memory_mode, "profile": args.profile,
+              "strict": args.strict, "project": project}
     if cmd == "export":
-        common.pop("workspace")
         result = api.export(**common)
         out.result(result, api.describe_export(result))
         return 0
+    common["workspace"] = args.workspace
     if cmd == "plan":
         plan = api.plan(**common, pte=args.pte)
-        what = args.pte or args.model
+        what = args.pte or args.model or api.chosen(args.board, project=project).model
         out.result(plan.to_json(), f"memory plan of {what} on {plan.board}:\n{plan.table()}")
         return 0
     if cmd == "build":
         fw = api.build(**common, fit=args.fit)
         out.result(fw, fw.summary())
         return 0
+    runner = _given_runner_options(args)
     if cmd == "run":
-        report = api.run(**common, timeout=args.timeout,
-                         runner_options=_given_runner_options(args), inputs=args.inputs,
-                         atol=args.atol, rtol=args.rtol, fit=args.fit)
+        report = api.run(**common, timeout=args.timeout, runner_options=runner,
+                         inputs=args.inputs, atol=args.atol, rtol=args.rtol, fit=args.fit)
         if not args.debug_intermediates:
-            out.result(report, report.summary())
+            out.result(report, report.summary(verbose=args.verbose))
             return 0 if report.passed else int(report.exit_code)
-        debug = api.debug_intermediates(**common, timeout=args.timeout,
-                                        runner_options=_given_runner_options(args),
+        debug = api.debug_intermediates(**common, timeout=args.timeout, runner_options=runner,
                                         atol=args.atol, rtol=args.rtol, fit=args.fit)
         out.result({"run": to_jsonable(report), "intermediates": debug.json()},
-                   f"{report.summary()}\n\n{debug.text()}")
+                   f"{report.summary(verbose=args.verbose)}\n\n{debug.text()}")
         if not report.passed:
             return int(report.exit_code)
         return int(ExitCode.MISMATCH) if debug.diverged else 0
     if cmd == "profile":
-        profiled = api.profile(**common, timeout=args.timeout,
-                               runner_options=_given_runner_options(args), fit=args.fit)
+        profiled = api.profile(**common, timeout=args.timeout, runner_options=runner,
+                               fit=args.fit)
         out.result(profiled.json(), profiled.text())
         return 0
     raise AssertionError(cmd)

@@ -13,8 +13,10 @@ Fixtures:
 - `board`: the parsed board file of `--board` (tests skip, with the reason, without it or
   when the board's simulator or device is absent);
 - `deployed`: a factory. `deployed(model="tiny_cnn", flow=...)` builds the firmware, runs it
-  on the board's runner and returns a `Deployment`; `deployed(firmware="selftest")` does the
-  same with the board self-test (`variant="fault"` or `"error"` fails on purpose). A
+  on the board's runner and returns a `Deployment`; `deployed()` deploys the model of the
+  project file (deploykit.toml) with its settings for the board (docs/project.md);
+  `deployed(firmware="selftest")` does the same with the board self-test (`variant="fault"`
+  or `"error"` fails on purpose). A
   `Deployment` has `.result` (the decoded records), `.report` (the parity report, for
   models), `.log_path`, and `.expect(what)`, which returns the first record of a type
   (`"done"`, `"tensor"`, ...) or the first log line matching a regex, and fails showing what
@@ -133,14 +135,17 @@ def deployed(board: Board, request: pytest.FixtureRequest,
                 report = run_selftest(board, out, timeout, lambda _m: None, variant, options)
                 records = report.records
             else:
-                if model is None:
-                    raise ValueError("deployed(model=...) needs a model")
+                from deploykit import api
                 from deploykit.pipeline.chains import run_firmware
-                from deploykit.pipeline.target import resolve_target
 
-                resolved = resolve_target(board, flow=flow,
-                                          runner_options=_runner_options(request.config))
-                report = run_firmware(resolved, model, out, None, timeout, lambda _m: None)
+                # The model and settings not given: the project file's for this board
+                # (deploykit.toml from the current directory up, docs/project.md).
+                cmd = api.command(board.path, model, runs=True, flow=flow,
+                                  **_runner_options(request.config))
+                report = run_firmware(cmd.target, str(cmd.model), out, None, timeout,
+                                      lambda _m: None, inputs_dir=cmd.choices.value("inputs"),
+                                      fit=bool(cmd.choices.value("fit")),
+                                      tolerance=cmd.tolerance())
                 records = report.records
         except DeployKitError as exc:
             if "sources not available" in exc.cause:

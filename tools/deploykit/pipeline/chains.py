@@ -50,6 +50,7 @@ from deploykit.run.report import (
     RunReport,
     as_host_dtype,
     logical_order,
+    memory_advice,
     npu_calls_of,
     report_json,
     set_statistics,
@@ -536,8 +537,8 @@ def run_firmware(target: Target, model: str, out: Path, workspace: Path | None,
     # Every run reports its peaks: one above its pool fails (the device refuses the allocation
     # itself, done status 3); a pool more than 25% above its peak is a warning (memory/fit.py).
     memory = dict(records.memory.entries) if records.memory else {}
-    failures, warnings = fitting.check_peaks(memory)
-    warnings += _fit_warnings(built.planned, records)
+    failures, oversized = fitting.check_peaks(memory)
+    warnings = _fit_warnings(built.planned, records)
     if not outcome.ok:
         exit_code, cause = outcome.exit_code, outcome.cause
         if pool_too_small(records) in fitting.MEASURED_POOLS:
@@ -564,7 +565,8 @@ def run_firmware(target: Target, model: str, out: Path, workspace: Path | None,
         timing_emulated_by=result.emulated_by,
         instructions_estimate=result.instructions_per_iteration_estimate,
         input_sets=sets, npu_calls=npu_calls_of(records, built.planned.program),
-        memory=memory, warnings=warnings,
+        memory=memory, warnings=warnings, oversized_pools=oversized,
+        memory_advice=memory_advice(memory, oversized),
         mixed_precision=_mixed_precision(exported),
         elf=built.firmware.elf, flash_bytes=built.firmware.sizes.flash_total, cause=cause,
         log=result.console_log,

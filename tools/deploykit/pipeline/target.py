@@ -13,7 +13,8 @@ or the NPU again.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from deploykit.families.base import BoardFamily
     from deploykit.flows.base import Flow
     from deploykit.pipeline.profiles import BuildProfile
+    from deploykit.program.inspect import ProgramInfo
     from deploykit.readers.npu import NpuConfig
     from deploykit.run.runners.base import Runner
 
@@ -57,6 +59,9 @@ class Target:
     runner: type[Runner]
     runner_options: Mapping[str, Any] = field(default_factory=dict)  # checked, set ones only
     proxy: ProxyTarget | None = None
+    # The model is an ExecuTorch program made elsewhere (a .pte): what it is, read once and
+    # checked against the board; the flow is the program's (pipeline/program_target.py).
+    program: ProgramInfo | None = None
 
     @property
     def name(self) -> str:
@@ -93,23 +98,43 @@ def check_board_flows(board: Board) -> None:
 def resolve_target(board: str | Path | Board, *, flow: str | None = None,
                    profile: str | None = None, strict: bool = False,
                    npu_macs: int | None = None, npu_memory_mode: str | None = None,
-                   runner_options: Mapping[str, Any] | None = None) -> Target:
+                   runner_options: Mapping[str, Any] | None = None,
+                   origins: Mapping[str, str] | None = None) -> Target:
     """The Target of a command (module docstring). `board`: a name, a board file, or a loaded
     Board; `flow`: default the board file's `export.default`; `profile`: default the board
-    file's `profile:`, else size; `strict`: the profile's export refuses float fallbacks."""
+    file's `profile:`, else size; `strict`: the profile's export refuses float fallbacks.
+    `origins`: where a value came from when not from the command line (a setting's name ->
+    its project file line, pipeline/project.py), named in the error it causes."""
+    origins = origins or {}
     loaded = board if isinstance(board, Board) else load_board(board)
     check_board_flows(loaded)
-    loaded = with_npu_overrides(loaded, npu_macs, npu_memory_mode)
-    flow_impl = _allowed_flow(loaded, flow)
-    build_profile = resolve_profile(loaded, profile)
+    with _blame(origins, "npu_macs", "npu_memory_mode"):
+        loaded = with_npu_overrides(loaded, npu_macs, npu_memory_mode)
+    with _blame(origins, "flow"):
+        flow_impl = _allowed_flow(loaded, flow)
+    with _blame(origins, "profile"):
+        build_profile = resolve_profile(loaded, profile)
     if strict:
         build_profile = dataclasses.replace(build_profile, strict=True)
     compiled = build_profile.board_for(loaded)
     runner = runner_class(compiled)
-    options = runner.check_options(compiled.name, runner_options or {})
+    with _blame(origins, *(runner_options or {})):
+        options = runner.check_options(compiled.name, runner_options or {})
     return Target(board=compiled, family=family_of(compiled), flow=flow_impl,
                   profile=build_profile, runner=runner, runner_options=options,
                   proxy=_proxy_of(compiled))
+
+
+@contextmanager
+def _blame(origins: Mapping[str, str], *names: str) -> Iterator[None]:
+    """A ConfigError about settings `names` names the project file's lines they came from."""
+    try:
+        yield
+    except ConfigError as exc:
+        where = [origins[n] for n in names if n in origins]
+        if not where:
+            raise
+        raise ConfigError(f"{'; '.join(where)}: {exc.cause}", exc.hint) from exc
 
 
 def _allowed_flow(board: Board, flow: str | None) -> Flow:

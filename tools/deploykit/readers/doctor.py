@@ -98,8 +98,19 @@ def run_checks(workspace: Path | None = None) -> list[Check]:
         checks.append(Check("sources", False, exc.cause, exc.hint, "firmware"))
     if ws is not None:
         checks += ethos_u_checks(ws)
+        checks.append(overrides_check(ws))
     checks.append(model_explorer_check())
     return checks
+
+
+def overrides_check(ws: Workspace) -> Check:
+    """The source overrides the workspace remembers (`deploykit setup` uses them again)."""
+    if not ws.overrides:
+        return Check("overrides", True, "none remembered (every project from its upstream)",
+                     required_for="setup")
+    listed = ", ".join(o.describe() for o in ws.overrides.values())
+    return Check("overrides", True, f"remembered: {listed} (deploykit setup --forget NAME "
+                 "fetches one from its upstream again)", required_for="setup")
 
 
 def model_explorer_check() -> Check:

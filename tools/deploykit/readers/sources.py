@@ -4,6 +4,9 @@
 `west update`, or, for projects given with `--source NAME=PATH[@REV]`, from a local git
 repository (bare or not) through `git archive`: the way to work behind a firewall.
 The workspace records what it holds in `deploykit-sources.json`; builds read only that.
+It also remembers every override given (`overrides` there): a later `deploykit setup` takes the
+project from the same local copy again, without `--source`, until another `--source` of that
+project replaces it or `--forget NAME` removes it (then the project comes from its upstream).
 
 Board-specific projects (the pico-sdk for RP2350 boards, ...) are in west groups that the
 manifest's `group-filter` disables. They are *optional*: `setup` brings them only when their
@@ -21,7 +24,7 @@ import subprocess
 import sys
 import tarfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
@@ -54,6 +57,12 @@ class SourceOverride:
     path: Path
     revision: str | None
 
+    def describe(self) -> str:
+        return f"{self.name}={self.path}" + (f"@{self.revision}" if self.revision else "")
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"name": self.name, "path": str(self.path), "revision": self.revision}
+
     @classmethod
     def parse(cls, text: str) -> SourceOverride:
         name, sep, rest = text.partition("=")
@@ -85,6 +94,8 @@ class ProjectState:
 class Workspace:
     root: Path
     projects: dict[str, ProjectState]
+    # The overrides `deploykit setup` remembers (and uses again), by project name.
+    overrides: dict[str, SourceOverride] = field(default_factory=dict)
 
     def path_of(self, name: str) -> Path:
         return self.root / self.projects[name].path
@@ -143,7 +154,7 @@ def load_workspace(explicit: Path | None = None) -> Workspace:
             f"${WORKSPACE_ENV} at an existing workspace.")
     data = json.loads(state.read_text())
     projects = {p["name"]: _project_state(p) for p in data["projects"]}
-    ws = Workspace(root, projects)
+    ws = Workspace(root, projects, remembered_overrides(data))
     for project in read_manifest():
         if project.optional:
             continue
@@ -152,6 +163,22 @@ def load_workspace(explicit: Path | None = None) -> Workspace:
                 f"The workspace at {root} lacks project '{project.name}'.",
                 "Run `deploykit setup` again.")
     return ws
+
+
+def remembered_overrides(state: dict) -> dict[str, SourceOverride]:
+    """The overrides a workspace's state remembers. A state written before deploykit
+    remembered them has none listed: its projects taken from a local copy (origin
+    `override:<path>`) are remembered with the revision they were taken at."""
+    if "overrides" in state:
+        return {o["name"]: SourceOverride(o["name"], Path(o["path"]), o.get("revision"))
+                for o in state["overrides"]}
+    found = {}
+    for p in state.get("projects", []):
+        origin = str(p.get("origin", ""))
+        if origin.startswith("override:"):
+            found[p["name"]] = SourceOverride(p["name"], Path(origin[len("override:"):]),
+                                              p.get("revision") or None)
+    return found
 
 
 def _project_state(data: dict) -> ProjectState:
@@ -324,9 +351,10 @@ def _is_git_repo(path: Path) -> bool:
 
 def setup(workspace: Path | None = None, overrides: list[SourceOverride] | None = None,
           progress: Callable[[str], None] = print,
-          groups: list[str] | None = None) -> Workspace:
+          groups: list[str] | None = None, forget: list[str] | None = None) -> Workspace:
     """Bring every required manifest project into the workspace, plus the optional ones of
-    `groups` and those given in `overrides`; return what it holds."""
+    `groups` and those given in `overrides`; return what it holds. The overrides given before
+    are used again (module docstring) unless `overrides` replaces one or `forget` names it."""
     root = workspace_dir(workspace)
     root.mkdir(parents=True, exist_ok=True)
     all_projects = read_manifest()
@@ -338,20 +366,48 @@ def setup(workspace: Path | None = None, overrides: list[SourceOverride] | None 
         if g not in known_groups:
             raise ConfigError(f"--group {g}: no project of west.yml is in that group.",
                               f"Groups: {', '.join(sorted(known_groups)) or '-'}.")
+    for name in forget or []:
+        if name not in by_name:
+            raise ConfigError(f"--forget names '{name}', which is not a project of west.yml.",
+                              f"Projects: {', '.join(by_name)}.")
     for o in overrides:
         if o.name not in by_name:
             raise ConfigError(f"--source names '{o.name}', which is not a project of west.yml.",
                               f"Projects: {', '.join(by_name)}.")
+        if o.name in (forget or []):
+            raise ConfigError(f"--source {o.name}=... and --forget {o.name} together.",
+                              "Give one of them: --source replaces the remembered override "
+                              "anyway.")
         if not _is_git_repo(o.path):
             raise ConfigError(f"--source {o.name}={o.path}: not a git repository.",
                               "Point it at a clone or bare git directory of the project.")
-    chosen = {o.name: o for o in overrides}
 
     previous: dict[str, ProjectState] = {}
+    remembered: dict[str, SourceOverride] = {}
     state_path = root / STATE_FILE
     if state_path.exists():
-        for p in json.loads(state_path.read_text())["projects"]:
+        state = json.loads(state_path.read_text())
+        for p in state["projects"]:
             previous[p["name"]] = _project_state(p)
+        remembered = remembered_overrides(state)
+    for name in forget or []:
+        if remembered.pop(name, None) is not None:
+            progress(f"{name}: the override is forgotten; it comes from its upstream now")
+        else:
+            progress(f"{name}: no override was remembered")
+    given = {o.name: SourceOverride(o.name, o.path.resolve(), o.revision) for o in overrides}
+    for name, o in remembered.items():
+        if name in given:
+            continue
+        if not _is_git_repo(o.path):
+            raise ConfigError(
+                f"The workspace remembers --source {o.describe()}, which is not a git "
+                "repository any more.",
+                f"Give its new place (deploykit setup --source {name}=PATH), or take it from "
+                f"upstream again (deploykit setup --forget {name}).")
+        progress(f"{name}: from {o.path}, as remembered (--forget {name} to fetch it from "
+                 "upstream)")
+    chosen = {**remembered, **given}
     # Optional projects: asked for by group or override, or already in the workspace.
     projects = [p for p in all_projects
                 if not p.optional or p.name in chosen or p.name in previous
@@ -397,7 +453,10 @@ def setup(workspace: Path | None = None, overrides: list[SourceOverride] | None 
                                            for g in p.groups})))
 
     ordered = [asdict(states[p.name]) for p in projects]
-    write_atomic(state_path, json.dumps({"projects": ordered}, indent=2) + "\n")
+    write_atomic(state_path, json.dumps({
+        "projects": ordered,
+        "overrides": [chosen[p.name].to_json() for p in all_projects if p.name in chosen],
+    }, indent=2) + "\n")
     return load_workspace(root)
 
 

@@ -82,7 +82,11 @@ class RunReport:
     timing_emulated_by: str | None = None
     instructions_estimate: float | None = None
     memory: dict[str, tuple[int, int]] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)  # e.g. a pool 25% above its peak
+    warnings: list[str] = field(default_factory=list)
+    # The pools more than 25% above their peaks (memory/fit.check_peaks): the detail of the
+    # one line the summary ends with (`memory_advice`), shown with `verbose`.
+    oversized_pools: list[str] = field(default_factory=list)
+    memory_advice: str = ""
     elf: Path | None = None
     flash_bytes: int = 0
     cause: str = ""
@@ -97,7 +101,8 @@ class RunReport:
     # Every decoded record of the run (for the HIL plugin); not part of the JSON report.
     records: RunRecords | None = field(default=None, repr=False, metadata={"json": False})
 
-    def summary(self) -> str:
+    def summary(self, verbose: bool = False) -> str:
+        """The report; `verbose` adds the detail of the memory advice (each oversized pool)."""
         lines = [f"{self.model} ({self.flow}) on {self.board}: "
                  f"{'PASS' if self.passed else 'FAIL'}" + (f": {self.cause}" if self.cause
                                                             else "")]
@@ -138,9 +143,26 @@ class RunReport:
         for name, (used, cap) in sorted(self.memory.items()):
             lines.append(f"  {name:<14} peak {used:>9,} B of {cap:>9,} B")
         lines += [f"  warning: {w}" for w in self.warnings]
+        if verbose:
+            lines += [f"  {w}" for w in self.oversized_pools]
         if self.elf:
             lines.append(f"  firmware {self.elf} ({self.flash_bytes:,} B flash)")
+        if self.memory_advice:
+            lines.append(f"  {self.memory_advice}")
         return "\n".join(lines)
+
+
+def memory_advice(memory: dict[str, tuple[int, int]], oversized: list[str],
+                  command: str = "run") -> str:
+    """The one line a report ends with when pools were linked above their peaks: how to get
+    exact memory (--fit), instead of one warning per pool (those are the detail)."""
+    if not oversized:
+        return ""
+    used = sum(u for u, _c in memory.values())
+    linked = sum(c for _u, c in memory.values())
+    return (f"memory: {used:,} B used of {linked:,} B linked; `deploykit {command} --fit` "
+            "measures the model once and links its pools, stack and heap exact "
+            "(detail: --verbose or --json)")
 
 
 def npu_calls_of(records: RunRecords, program: ProgramInfo) -> list[NpuCall]:
