@@ -83,7 +83,20 @@ def grid_model(kind: str) -> str:
     """).format(layers=layers, length=LENGTH, cin=cin)
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
+# The one-channel grid found a failure of its own (not yet fixed): on both boards execute()
+# fails with InvalidArgument (0x12) at the first layer. The likely cause (not confirmed on the
+# device, whose size-profile runtime has no log): ExecuTorch v1.4.1's quantized_conv2d_out
+# checks the *input's* dim order where it means the output's ("output must have channels_last
+# dim_order"), and a (N, 1, 1, L) input of one channel is planned contiguous.
+ONE_CHANNEL_FAILS = pytest.mark.xfail(
+    strict=True, reason="Conv1d(1, C): execute() fails with InvalidArgument (0x12) (#32 follow-up)"
+)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [pytest.param(k, marks=ONE_CHANNEL_FAILS) if k == "one_channel" else k for k in sorted(KINDS)],
+)
 @pytest.mark.parametrize("board", ["qemu-an505", "qemu-an547"])
 def test_conv1d_grid_runs_in_cmsis_nn_bit_exact(tmp_path_factory, board, kind):
     model = tmp_path_factory.mktemp("grid") / f"conv1d_{kind}.py"
