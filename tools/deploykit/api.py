@@ -283,6 +283,7 @@ def command(board: str | Path | None = None, model: str | None = None, *,
         runner_flags,
     )
     from deploykit.pipeline.target import resolve_target
+    from deploykit.program.imported import is_program_file as is_program
 
     if not runs:  # a command that does not run takes no runner options, from the file either
         given = {k: v for k, v in given.items() if k not in runner_flags()}
@@ -294,13 +295,20 @@ def command(board: str | Path | None = None, model: str | None = None, *,
         raise no_board_error(choices.project)
     if needs_model and choices.model is None:
         raise no_model_error(str(choices.board), choices.project)
+    model_value = choices.model
     resolved = resolve_target(
         choices.board, flow=choices.value("flow"), profile=choices.value("profile"),
         strict=bool(choices.value("strict")), npu_macs=choices.value("npu_macs"),
         npu_memory_mode=choices.value("npu_memory_mode"),
         runner_options=choices.runner_options() if runs else None,
-        origins=choices.origins())
-    return Command(choices, resolved, choices.model)
+        origins=choices.origins(),
+        program=Path(model_value) if is_program(model_value) else None,
+        expect=choices.value("expect") if is_program(model_value) else None)
+    if choices.value("expect") is not None and not is_program(model_value):
+        raise ConfigError(f"--expect {choices.value('expect')}: expected outputs are for a "
+                          ".pte given as the model.",
+                          "A model file's reference is computed from the model itself.")
+    return Command(choices, resolved, model_value)
 
 
 def init(directory: Path | None = None):
@@ -430,16 +438,20 @@ def run(board: str | None = None, model: str | None = None, flow: str | None = N
         npu_memory_mode: str | None = None, runner_options: dict | None = None,
         inputs: Path | None = None, profile: str | None = None, fit: bool | None = None,
         atol: float | None = None, rtol: float | None = None, strict: bool | None = None, *,
+        expect: Path | None = None, no_compare: bool = False,
         project: ProjectChoice = None):
-    """Build, run on the board's runner, compare with the host. `inputs`: a directory of
-    samples (program/input_sets.py) run in one firmware run instead of the example inputs. `fit`: as
-    for build. `atol`/`rtol` override the model's tolerance. `runner_options`: options the
-    board's runner declares (e.g. the Pico runner's port and probe; runners.runner_options)."""
+    """Build, run on the board's runner, compare with the host. For a .pte as the model,
+    `expect`: its expected outputs (an .npz), when it cannot run on the host; `no_compare`: a
+    run with nothing to compare with passes (otherwise it exits NOT_COMPARED). `inputs`: a
+    directory of samples (program/input_sets.py) run in one firmware run instead of the
+    example inputs. `fit`: as for build. `atol`/`rtol` override the model's tolerance.
+    `runner_options`: options the board's runner declares (e.g. the Pico runner's port and
+    probe; runners.runner_options)."""
     from deploykit.pipeline.chains import run_firmware
 
     cmd = command(board, model, project=project, runs=True, flow=flow, profile=profile,
                   strict=strict, npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit,
-                  inputs=inputs, atol=atol, rtol=rtol, timeout=timeout,
+                  inputs=inputs, atol=atol, rtol=rtol, timeout=timeout, expect=expect,
                   **(runner_options or {}))
     out = cmd.out(out)
     with out_lock(out):
@@ -447,7 +459,8 @@ def run(board: str | None = None, model: str | None = None, flow: str | None = N
             _strict_export(cmd.target, cmd.model, out, progress)
         return run_firmware(cmd.target, cmd.model, out, workspace, _timeout(cmd), progress,
                             inputs_dir=cmd.choices.value("inputs"),
-                            fit=bool(cmd.choices.value("fit")), tolerance=cmd.tolerance())
+                            fit=bool(cmd.choices.value("fit")), tolerance=cmd.tolerance(),
+                            no_compare=no_compare)
 
 
 def _timeout(cmd: Command) -> float:
@@ -472,14 +485,30 @@ def library(board: str | None = None, models: Sequence[str] | None = None,
 
     if out is None:
         raise ConfigError("A library needs its output directory.", "Give --out DIR.")
+    from deploykit.program.imported import check_for_board, is_program_file, read_program
+
     models = list(models or [])
     cmd = command(board, models[0] if models else None, project=project, flow=flow,
                   profile=profile, fit=fit, timeout=timeout, npu_macs=npu_macs,
                   npu_memory_mode=npu_memory_mode)
     models = models or [cmd.model]
+    programs = {}  # each .pte model, read and checked here: its flow must be the component's
+    for model in models:
+        if not is_program_file(model):
+            continue
+        program = cmd.target.program if model == cmd.model else read_program(Path(model))
+        if program is None:
+            continue
+        check_for_board(program, cmd.target.board)
+        if program.flow != cmd.target.flow.name:
+            raise ConfigError(f"The program {program.path} is {program.flow} "
+                              f"({program.reason}); the component is {cmd.target.flow.name}.",
+                              "A component's models share one runtime: give models of one "
+                              "flow.")
+        programs[model] = program
     return build_library(cmd.target, models, Path(out), workspace, progress,
                          fit=bool(cmd.choices.value("fit")), name=name, timeout=_timeout(cmd),
-                         work=Path(work) if work is not None else None)
+                         work=Path(work) if work is not None else None, programs=programs)
 
 
 def profile(board: str | None = None, model: str | None = None, flow: str | None = None,
@@ -626,6 +655,7 @@ def matrix(boards: list[str] | None = None, models: list[str] | None = None,
     build/matrix). Returns the rows (matrix.MatrixRow), one per combination."""
     from deploykit.pipeline.matrix import combinations, run_matrix, write_outputs
     from deploykit.pipeline.profiles import PROFILES
+    from deploykit.program.imported import is_program_file
     from deploykit.program.models import list_models, resolve_model_path
     from deploykit.readers.boards import repo_root
 
@@ -639,7 +669,8 @@ def matrix(boards: list[str] | None = None, models: list[str] | None = None,
     combos = combinations(boards or available_boards(),
                           models or list_models(repo_root()), flows, profiles or ["speed"])
     for name in {c.model for c in combos}:
-        resolve_model_path(name, repo_root())  # an unknown model fails here, not in a worker
+        if not is_program_file(name):  # a .pte was read by combinations()
+            resolve_model_path(name, repo_root())  # an unknown model fails here, not later
     rows = run_matrix(combos, out, workspace, jobs, progress)
     write_outputs(rows, out)
     return rows

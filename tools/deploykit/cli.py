@@ -173,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "shows what `deploykit run --board B --flow F` would do. docs/project.md.")
     _common(p)
     p.add_argument("--inputs", type=Path, metavar="DIR", help="as for run")
+    p.add_argument("--expect", type=Path, metavar="FILE.npz", help="as for run")
     p.add_argument("--atol", type=float, help="as for run")
     p.add_argument("--rtol", type=float, help="as for run")
     p.add_argument("--timeout", type=float, help="as for run")
@@ -278,6 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, help="absolute tolerance of the device-vs-host "
                    "comparison (default: the model's TOLERANCE, else the flow's default)")
     p.add_argument("--rtol", type=float, help="relative tolerance, added to --atol")
+    p.add_argument("--expect", type=Path, metavar="FILE.npz",
+                   help="a .pte model's expected outputs (output_0, output_1, ...), for a "
+                   "program the host cannot run (an NPU delegate); default: the program run "
+                   "on the host")
+    p.add_argument("--no-compare", action="store_true",
+                   help="a .pte model with no reference (an NPU program without --expect): "
+                   "pass when the run ends well, printing the outputs (without it the run "
+                   f"exits {int(ExitCode.NOT_COMPARED)}: nothing was compared)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also print the detail of the report's last line: each pool linked "
                    "above its peak (--json always has it)")
@@ -477,7 +486,7 @@ def _given_runner_options(args: argparse.Namespace) -> dict[str, Any]:
 def _setting_options(args: argparse.Namespace) -> dict[str, Any]:
     """The settings `deploykit config` was given (pipeline/project.py's names)."""
     names = ("flow", "profile", "npu_macs", "npu_memory_mode", "strict", "fit", "inputs",
-             "atol", "rtol", "timeout")
+             "expect", "atol", "rtol", "timeout")
     return {**{n: getattr(args, n, None) for n in names}, **_given_runner_options(args)}
 
 
@@ -612,7 +621,8 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
     runner = _given_runner_options(args)
     if cmd == "run":
         report = api.run(**common, timeout=args.timeout, runner_options=runner,
-                         inputs=args.inputs, atol=args.atol, rtol=args.rtol, fit=args.fit)
+                         inputs=args.inputs, atol=args.atol, rtol=args.rtol, fit=args.fit,
+                         expect=args.expect, no_compare=args.no_compare)
         if not args.debug_intermediates:
             out.result(report, report.summary(verbose=args.verbose))
             return 0 if report.passed else int(report.exit_code)

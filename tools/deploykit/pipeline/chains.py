@@ -37,6 +37,12 @@ from deploykit.memory.plan import MemoryPlan, Sizing, plan_memory
 from deploykit.pipeline.target import Target
 from deploykit.program.export import ExportResult, load_export, memory_order_bytes
 from deploykit.program.export import export as export_model
+from deploykit.program.imported import (
+    NO_REFERENCE,
+    deterministic_inputs,
+    import_key,
+    import_program,
+)
 from deploykit.program.input_sets import load_input_sets
 from deploykit.program.inspect import ProgramInfo, inspect_pte
 from deploykit.program.models import load_model, resolve_model_path
@@ -112,6 +118,8 @@ def export_stage(target: Target, model: str, out: Path, progress: Progress, *,
     With `inputs_dir`, the host reference is also computed for every sample there
     (program/input_sets.py), and the firmware runs them all.
     """
+    if target.program is not None:
+        return import_stage(target, out, progress, inputs_dir=inputs_dir)
     _name, model_path = resolve_model_path(model, repo_root())
     export_dir = out / "export"
     board, flow_impl = target.board, target.flow
@@ -156,6 +164,43 @@ def export_stage(target: Target, model: str, out: Path, progress: Progress, *,
     return result
 
 
+def import_stage(target: Target, out: Path, progress: Progress, *,
+                 inputs_dir: Path | None = None) -> ExportResult:
+    """The export stage of a .pte given as the model (program/imported.py): nothing lowered,
+    the program's own operators, its host reference (or --expect's outputs, or none); reused
+    while its inputs (import-key) are unchanged."""
+    program = target.program
+    assert program is not None
+    export_dir = out / "export"
+    board, flow_impl = target.board, target.flow
+    settings = flow_impl.target_settings(board)
+    input_sets = None
+    if inputs_dir is not None:
+        import torch
+
+        examples = tuple(torch.from_numpy(a) for a in deterministic_inputs(program.info))
+        input_sets = load_input_sets(inputs_dir, examples)
+    key = "import " + import_key(program, flow_impl, board.cpu["core"], settings,
+                                 input_sets.digest if input_sets else "")
+    key_file = export_dir / "export-key"
+    if key_file.exists() and key_file.read_text() == key:
+        cached = load_export(export_dir)
+        if cached is not None:
+            progress(f"the program {program.path.name} is imported ({export_dir})")
+            return cached
+    key_file.unlink(missing_ok=True)
+    progress(f"importing {program.path} ({program.reason}) for the {flow_impl.name} runtime")
+    samples = ([[t.numpy() for t in sample] for sample in input_sets.samples]
+               if input_sets else None)
+    result = import_program(program, flow_impl, export_dir, board.cpu["core"], samples,
+                            on_step=getattr(progress, "step", None))
+    if input_sets is not None:
+        write_atomic(export_dir / "labels.json", json.dumps(
+            {"names": list(input_sets.names), "labels": list(input_sets.labels)}) + "\n")
+    write_atomic(key_file, key)
+    return result
+
+
 def _mixed_precision(result: ExportResult) -> dict:
     """export.json's `mixed_precision` (an int8 flow's), {} where there is none."""
     try:
@@ -180,6 +225,14 @@ def _reference_fallback(result: ExportResult) -> str:
 
 
 def describe_export(result: ExportResult) -> str:
+    if result.imported:
+        return "\n".join([
+            f"{result.pte_path}: {result.pte_size:,} B, {result.flow}: the program "
+            f"{result.imported['source']} as it is ({result.imported['reason']})",
+            f"  operators: {', '.join(result.op_list) or '-'}",
+            f"  reference: {result.reference_kind}"
+            + ("; nothing to compare the device's outputs with (--expect FILE.npz gives the "
+               "expected outputs)" if result.reference_kind == NO_REFERENCE else "")])
     lines = [f"{result.pte_path}: {result.pte_size:,} B, {result.flow}, "
              f"exported in {result.export_seconds:.1f} s",
              f"  operators: {', '.join(result.op_list)}",
@@ -425,6 +478,9 @@ def _measure(target: Target, out: Path, planned: PlannedModel,
         memory = dict(records.memory.entries) if records.memory else {}
         hello = records.hello.fields if records.hello else None
         outcome = result.outcome()
+        if outcome.ok and planned.export.reference_kind == NO_REFERENCE:
+            return fitting.MeasureAttempt(memory, hello, parity="outputs not compared (no "
+                                          "reference for this program)")
         if outcome.ok:
             # The measurement run is a parity check too (on a proxy, the only one before the
             # board): its outputs must match the host's.
@@ -518,8 +574,11 @@ def wheel_flatc(executorch_dir: Path) -> str | None:
 
 def run_firmware(target: Target, model: str, out: Path, workspace: Path | None,
                  timeout: float, progress: Progress, *, inputs_dir: Path | None = None,
-                 fit: bool = False, tolerance: Tolerance | None = None) -> RunReport:
-    """`tolerance` overrides the model's (its TOLERANCE, or the flow's default)."""
+                 fit: bool = False, tolerance: Tolerance | None = None,
+                 no_compare: bool = False) -> RunReport:
+    """`tolerance` overrides the model's (its TOLERANCE, or the flow's default). A program
+    with no reference (an NPU program without --expect) is run and its outputs printed; the
+    run fails NOT_COMPARED unless `no_compare` says that is what is wanted."""
     built = build_firmware(target, model, out, workspace, progress, inputs_dir=inputs_dir,
                            fit=fit, timeout=timeout)
     exported = built.planned.export
@@ -530,10 +589,12 @@ def run_firmware(target: Target, model: str, out: Path, workspace: Path | None,
     outcome = result.outcome()
     records = result.records
     device_sets = _device_sets(records, exported)
+    compared = exported.reference_kind != NO_REFERENCE
     verdict = compare_sets(device_sets, exported.reference_sets,
-                           tolerance or Tolerance(**exported.tolerance))
+                           tolerance or Tolerance(**exported.tolerance)) if compared else None
     device = device_sets[0]
-    sets = set_statistics(device_sets, exported.reference_sets, out / "export" / "labels.json")
+    sets = set_statistics(device_sets, exported.reference_sets,
+                          out / "export" / "labels.json") if compared else None
     # Every run reports its peaks: one above its pool fails (the device refuses the allocation
     # itself, done status 3); a pool more than 25% above its peak is a warning (memory/fit.py).
     memory = dict(records.memory.entries) if records.memory else {}
@@ -549,6 +610,12 @@ def run_firmware(target: Target, model: str, out: Path, workspace: Path | None,
             cause += " " + outcome.hint
     elif failures:
         exit_code, cause = ExitCode.MEMORY, "; ".join(failures)
+    elif verdict is None:
+        exit_code, cause = (ExitCode.OK, "") if no_compare else (
+            ExitCode.NOT_COMPARED, "the run ended well, but there was nothing to compare its "
+            "outputs with (printed below): the program cannot run on the host. Give its "
+            "expected outputs with --expect FILE.npz, or pass --no-compare to accept a run "
+            "without a comparison")
     elif not verdict.passed:
         exit_code, cause = ExitCode.MISMATCH, "device outputs differ from the host's"
     else:

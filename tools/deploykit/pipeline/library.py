@@ -12,8 +12,10 @@ build/<board>/<model> (so exports and measurements are shared); the component's 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from deploykit.build.library import (
     Component,
@@ -31,6 +33,9 @@ from deploykit.run.library_app import fvp_command
 from deploykit.util.errors import ConfigError
 from deploykit.util.locks import out_lock
 
+if TYPE_CHECKING:
+    from deploykit.program.imported import ForeignProgram
+
 Progress = Callable[[str], None]
 
 
@@ -43,9 +48,12 @@ def _sizes_source(plan: MemoryPlan, measured: bool) -> str:
 
 def build_library(target: Target, models: Sequence[str], out: Path, workspace: Path | None,
                   progress: Progress, *, fit: bool = False, name: str | None = None,
-                  work: Path | None = None, timeout: float = 120.0) -> Component:
+                  work: Path | None = None, timeout: float = 120.0,
+                  programs: Mapping[str, ForeignProgram] | None = None) -> Component:
     """Export and plan each model of `models` for `target` (module docstring), then build and
-    stage the component in `out`."""
+    stage the component in `out`. `programs`: the models that are .pte programs, read and
+    checked against the target (program/imported.py); they are imported, not exported."""
+    programs = programs or {}
     board, flow = target.board, target.flow
     if not models:
         raise ConfigError("A library needs at least one model.", "Give --model NAME.")
@@ -63,16 +71,18 @@ def build_library(target: Target, models: Sequence[str], out: Path, workspace: P
     parts: list[ComponentModel] = []
     for model, cname in zip(models, names, strict=True):
         model_out = base / Path(model).stem
+        # The target of this model: a .pte model is its program (imported), another is not.
+        model_target = dataclasses.replace(target, program=programs.get(model))
         with out_lock(model_out):
             runner_elf = None
             if fit:
-                built = build_firmware(target, model, model_out, workspace, progress, fit=True,
-                                       timeout=timeout)
+                built = build_firmware(model_target, model, model_out, workspace, progress,
+                                       fit=True, timeout=timeout)
                 exported, plan = built.planned.export, built.planned.plan
                 runner_elf = built.firmware.elf
             else:
-                exported = export_stage(target, model, model_out, progress)
-                plan = plan_stage(target, model, model_out, progress)
+                exported = export_stage(model_target, model, model_out, progress)
+                plan = plan_stage(model_target, model, model_out, progress)
         inputs, outputs = io_specs(exported)
         parts.append(ComponentModel(cname, exported.model_name, flow.name, exported, plan,
                                     _sizes_source(plan, fit), inputs, outputs, runner_elf))

@@ -79,15 +79,23 @@ def combinations(
     profiles: Iterable[str],
 ) -> list[Combination]:
     """Every board x model x flow x profile; `flows` None means each board's allowed flows.
-    A flow a board does not allow is left out for that board (not an error)."""
+    A flow a board does not allow is left out for that board (not an error). A .pte model has
+    one flow, its own (program/imported.py), on every board: where the board cannot run it,
+    its row says why."""
+    from deploykit.program.imported import is_program_file, read_program
     from deploykit.readers.boards import load_board
 
     out = []
     wanted = list(flows) if flows is not None else None
+    program_flows = {m: read_program(Path(m)).flow for m in models if is_program_file(m)}
     for board in boards:
         allowed = load_board(board).export["allowed"]
         chosen = [f for f in (wanted or allowed) if f in allowed]
-        out += [Combination(board, m, f, p) for m in models for f in chosen for p in profiles]
+        for m in models:
+            own = program_flows.get(m)
+            for f in ([own] if own and (wanted is None or own in wanted) else
+                      [] if own else chosen):
+                out += [Combination(board, m, f, p) for p in profiles]
     if not out:
         raise ConfigError(
             "The filter selects no combination.",
@@ -137,13 +145,15 @@ def _limit_build_jobs(build_jobs: str) -> None:
 
 
 def _run_group(group: list[Combination], out: Path, workspace: Path | None) -> list[MatrixRow]:
-    return [run_one(c, out / c.board / f"{c.model}-{c.flow}-{c.profile}", workspace) for c in group]
+    return [run_one(c, out / c.board / f"{Path(c.model).stem}-{c.flow}-{c.profile}", workspace)
+            for c in group]
 
 
 def run_one(c: Combination, out: Path, workspace: Path | None) -> MatrixRow:
     """One combination: export and inspect, then build, then run where a runner exists."""
     from deploykit.pipeline.chains import build_firmware, export_stage, run_firmware
     from deploykit.pipeline.target import resolve_target
+    from deploykit.program.imported import is_program_file
     from deploykit.program.inspect import inspect_pte
     from deploykit.readers.sizes import size_report
     from deploykit.util.errors import EnvironmentProblem
@@ -155,7 +165,8 @@ def run_one(c: Combination, out: Path, workspace: Path | None) -> MatrixRow:
         pass
 
     try:
-        target = resolve_target(c.board, flow=c.flow, profile=c.profile)
+        target = resolve_target(c.board, flow=c.flow, profile=c.profile,
+                                program=Path(c.model) if is_program_file(c.model) else None)
         exported = export_stage(target, c.model, out, quiet)
         _program_facts(row, inspect_pte(exported.pte_path))
         try:

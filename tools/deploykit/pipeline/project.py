@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from deploykit.program.imported import PROGRAM_SUFFIX
 from deploykit.readers.project_file import (
     PROJECT_FILE_NAME,
     ProjectFile,
@@ -42,7 +43,6 @@ FLAGS: dict[str, str] = {
 MODEL_SETTINGS = ("inputs", "expect", "tolerance")
 PATH_SETTINGS = ("inputs", "expect")
 DEFAULT_TIMEOUT_S = 120.0
-PROGRAM_SUFFIX = ".pte"
 
 
 def runner_flags() -> dict[str, str]:
@@ -103,11 +103,6 @@ class Choices:
 def looks_like_path(model: str) -> bool:
     """A model written as a file (a .py or a .pte, or anything with a directory in it)."""
     return model.endswith((".py", PROGRAM_SUFFIX)) or "/" in model or "\\" in model
-
-
-def is_program(model: str | None) -> bool:
-    """The model is an ExecuTorch program (.pte) rather than a model name or Python file."""
-    return bool(model) and str(model).endswith(PROGRAM_SUFFIX)
 
 
 def load_project(project: ProjectFile | Path | str | bool | None = None,
@@ -270,14 +265,28 @@ def resolved_settings(choices: Choices, target: Target | None,
         add("profile", target.profile.name, f"{board_file} (profile)"
             if target.board.raw.get("profile") else "default")
         npu = target.npu
-        add("npu_macs", npu.macs if npu else None,
-            f"{board_file} (npu.macs)" if npu else "- (the board has no NPU)")
-        add("npu_memory_mode", npu.memory_mode if npu else None,
-            f"{board_file} (npu.vela.memory_mode)" if npu else "- (the board has no NPU)")
+        program = target.program
+        if program is not None and program.npu_target is not None:
+            made_for = f"the program {program.path.name} (compiled by Vela for " \
+                f"{program.npu_target}, {program.npu_memory_mode or 'its default memory mode'})"
+            add("npu_macs", npu.macs if npu else None, made_for)
+            add("npu_memory_mode", npu.memory_mode if npu else None, made_for)
+        else:
+            add("npu_macs", npu.macs if npu else None,
+                f"{board_file} (npu.macs)" if npu else "- (the board has no NPU)")
+            add("npu_memory_mode", npu.memory_mode if npu else None,
+                f"{board_file} (npu.vela.memory_mode)" if npu else "- (the board has no NPU)")
     add("strict", False, "default")
     add("fit", False, "default (estimated pools; --fit measures them)")
-    add("inputs", None, "default (the model's example inputs)")
-    add("expect", None, "default (the host's reference)")
+    program = target.program if target is not None else None
+    if program is None:
+        add("inputs", None, "default (the model's example inputs)")
+        add("expect", None, "default (the host's reference)")
+    else:
+        add("inputs", None, "default (deterministic data of the program's input shapes and "
+            "dtypes)")
+        add("expect", None, "default (the program run on the host)" if not program.delegates_npu
+            else "none: the host cannot run an NPU program (--expect FILE.npz, --no-compare)")
     add("tolerance", None, "default (the model's TOLERANCE, else the flow's)")
     add("timeout", DEFAULT_TIMEOUT_S, "default")
     if runner_settings:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from deploykit.families import family_of
 from deploykit.flows import flow_names, get_flow
 from deploykit.pipeline.profiles import resolve_profile
+from deploykit.program.imported import check_for_board, read_program
 from deploykit.readers.boards import Board, load_board
 from deploykit.readers.npu import with_npu_overrides
 from deploykit.run.proxy import proxy_board, proxy_section
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from deploykit.families.base import BoardFamily
     from deploykit.flows.base import Flow
     from deploykit.pipeline.profiles import BuildProfile
-    from deploykit.program.inspect import ProgramInfo
+    from deploykit.program.imported import ForeignProgram
     from deploykit.readers.npu import NpuConfig
     from deploykit.run.runners.base import Runner
 
@@ -59,9 +60,9 @@ class Target:
     runner: type[Runner]
     runner_options: Mapping[str, Any] = field(default_factory=dict)  # checked, set ones only
     proxy: ProxyTarget | None = None
-    # The model is an ExecuTorch program made elsewhere (a .pte): what it is, read once and
-    # checked against the board; the flow is the program's (pipeline/program_target.py).
-    program: ProgramInfo | None = None
+    # The model is an ExecuTorch program made elsewhere (a .pte): read once and checked
+    # against the board; the flow and the NPU settings are the program's (program/imported.py).
+    program: ForeignProgram | None = None
 
     @property
     def name(self) -> str:
@@ -99,15 +100,29 @@ def resolve_target(board: str | Path | Board, *, flow: str | None = None,
                    profile: str | None = None, strict: bool = False,
                    npu_macs: int | None = None, npu_memory_mode: str | None = None,
                    runner_options: Mapping[str, Any] | None = None,
-                   origins: Mapping[str, str] | None = None) -> Target:
+                   origins: Mapping[str, str] | None = None, program: Path | None = None,
+                   expect: Path | None = None) -> Target:
     """The Target of a command (module docstring). `board`: a name, a board file, or a loaded
     Board; `flow`: default the board file's `export.default`; `profile`: default the board
     file's `profile:`, else size; `strict`: the profile's export refuses float fallbacks.
     `origins`: where a value came from when not from the command line (a setting's name ->
-    its project file line, pipeline/project.py), named in the error it causes."""
+    its project file line, pipeline/project.py), named in the error it causes. `program`: the
+    model is this .pte (`expect`: its expected outputs): the flow and the NPU's MACs and
+    memory mode are the program's, and it is checked against the board here."""
     origins = origins or {}
     loaded = board if isinstance(board, Board) else load_board(board)
     check_board_flows(loaded)
+    foreign = None
+    if program is not None:
+        with _blame(origins, "model", "expect"):
+            foreign = read_program(Path(program), expect)
+            check_for_board(foreign, loaded)
+        flow, npu_macs, npu_memory_mode = _program_settings(foreign, flow, npu_macs,
+                                                            npu_memory_mode, origins)
+        if foreign.npu_target is not None:  # the NPU settings the program was compiled for
+            made_for = f"{foreign.path.name} (compiled for {foreign.npu_target}, " \
+                f"{foreign.npu_memory_mode or 'the default memory mode'})"
+            origins = {"npu_macs": made_for, "npu_memory_mode": made_for, **origins}
     with _blame(origins, "npu_macs", "npu_memory_mode"):
         loaded = with_npu_overrides(loaded, npu_macs, npu_memory_mode)
     with _blame(origins, "flow"):
@@ -122,7 +137,35 @@ def resolve_target(board: str | Path | Board, *, flow: str | None = None,
         options = runner.check_options(compiled.name, runner_options or {})
     return Target(board=compiled, family=family_of(compiled), flow=flow_impl,
                   profile=build_profile, runner=runner, runner_options=options,
-                  proxy=_proxy_of(compiled))
+                  proxy=_proxy_of(compiled), program=foreign)
+
+
+def _program_settings(program: ForeignProgram, flow: str | None, npu_macs: int | None,
+                      npu_memory_mode: str | None, origins: Mapping[str, str]
+                      ) -> tuple[str, int | None, str | None]:
+    """The flow, MAC count and memory mode a program was made for; a different one given is
+    an error naming both (a compiled program cannot change them)."""
+    def given(name: str, flag: str) -> str:
+        return origins.get(name) or flag
+
+    if flow is not None and flow != program.flow:
+        raise ConfigError(f"{given('flow', '--flow')} {flow}: the program {program.path} is "
+                          f"{program.flow} ({program.reason}).",
+                          "Leave the flow out: a program's flow is the one it was made for.")
+    if program.npu_target is None:
+        return program.flow, npu_macs, npu_memory_mode
+    if npu_macs is not None and npu_macs != program.npu_macs:
+        raise ConfigError(f"{given('npu_macs', '--npu-macs')} {npu_macs}: the program "
+                          f"{program.path} was compiled by Vela for {program.npu_target} "
+                          f"({program.npu_macs} MACs).",
+                          "Leave --npu-macs out (the board's NPU is configured as the program "
+                          "needs), or compile the model for that configuration.")
+    mode = program.npu_memory_mode
+    if npu_memory_mode is not None and mode is not None and npu_memory_mode != mode:
+        raise ConfigError(f"{given('npu_memory_mode', '--npu-memory-mode')} {npu_memory_mode}: "
+                          f"the program {program.path} was compiled for the {mode} memory "
+                          "mode.", "Leave --npu-memory-mode out, or compile the model for it.")
+    return program.flow, program.npu_macs, mode or npu_memory_mode
 
 
 @contextmanager

@@ -90,6 +90,9 @@ class ExportResult:
     # example inputs alone, or the samples of `deploykit run --inputs DIR`.
     input_sets: list[list[np.ndarray]] = field(default_factory=list)
     reference_sets: list[list[np.ndarray]] = field(default_factory=list)
+    # A program made elsewhere, imported as it is (program/imported.py): its source, why it
+    # took this flow, the NPU it was compiled for; {} for an export.
+    imported: dict[str, Any] = field(default_factory=dict)
 
 
 def memory_order_bytes(array: np.ndarray, dim_order: list[int]) -> bytes:
@@ -105,10 +108,10 @@ def memory_order_bytes(array: np.ndarray, dim_order: list[int]) -> bytes:
 
 def parse_ops_yaml(path: Path) -> list[str]:
     """The operator names of a gen_oplist yaml (its `operators` keys), sorted."""
-    return _ops_from_yaml(Path(path).read_bytes())
+    return ops_from_yaml(Path(path).read_bytes())
 
 
-def _ops_from_yaml(text: bytes | str) -> list[str]:
+def ops_from_yaml(text: bytes | str) -> list[str]:
     import yaml
 
     doc = yaml.safe_load(text) or {}
@@ -142,7 +145,7 @@ def export(spec: ModelSpec, flow: str | Flow, out_dir: Path, cpu: str = "cortex-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     outputs = (REPORT_NAME, PTE_NAME, OPS_YAML_NAME, REFERENCE_NAME, ETRECORD_NAME)
-    _remove_outputs(out_dir, outputs + (ERROR_LOG_NAME,))  # never leave a stale mix behind
+    remove_outputs(out_dir, outputs + (ERROR_LOG_NAME,))  # never leave a stale mix behind
     _remove_flow_files(out_dir)
 
     st = Stages(flow, spec.name, on_step)
@@ -156,8 +159,8 @@ def export(spec: ModelSpec, flow: str | Flow, out_dir: Path, cpu: str = "cortex-
             with st.step("read .pte"):
                 info = read_pte_info(pte)
             with st.step("gen_oplist"), tempfile.TemporaryDirectory(prefix="dk-oplist-") as tmp:
-                ops_yaml = _gen_oplist(pte, Path(tmp))
-                op_list = _ops_from_yaml(ops_yaml)
+                ops_yaml = gen_oplist_yaml(pte, Path(tmp))
+                op_list = ops_from_yaml(ops_yaml)
             with st.step("operator coverage"):
                 # Before planning or compiling: the same kernel tables as the CMake build.
                 check_coverage(op_list, art.program_graph, spec.name, spec.source_path, flow)
@@ -235,7 +238,7 @@ def export(spec: ModelSpec, flow: str | Flow, out_dir: Path, cpu: str = "cortex-
                 write_atomic(out_dir / ETRECORD_NAME, _etrecord_bytes(art.etrecord))
             write_atomic(out_dir / REPORT_NAME, json.dumps(report, indent=2) + "\n")
     except BaseException as e:
-        _remove_outputs(out_dir, outputs)
+        remove_outputs(out_dir, outputs)
         _remove_flow_files(out_dir)
         if isinstance(e, ExportError):
             log = out_dir / ERROR_LOG_NAME
@@ -322,7 +325,7 @@ def load_export(out_dir: Path) -> ExportResult | None:
         export_seconds=report["export_seconds"], pte_size=report["pte"]["size"],
         pte_sha256=report["pte"]["sha256"], planned_buffers=report["planned_buffers"],
         kernel_calls=report["kernel_calls"], timings=report["timings"],
-        warnings=report["warnings"])
+        warnings=report["warnings"], imported=report.get("imported", {}))
 
 
 def _tensor_entries(prefix: str, arrays: list[np.ndarray], tensors: list[PteTensor],
@@ -341,7 +344,7 @@ def _tolerance(spec: ModelSpec, flow: Flow,
     return flow.default_tolerance(output_quant), "default"
 
 
-def _gen_oplist(pte: bytes, work: Path) -> bytes:
+def gen_oplist_yaml(pte: bytes, work: Path) -> bytes:
     from executorch.codegen.tools.gen_oplist import gen_oplist
 
     pte_path = work / "model.pte"
@@ -362,7 +365,7 @@ def _remove_flow_files(out_dir: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def _remove_outputs(out_dir: Path, names: tuple[str, ...]) -> None:
+def remove_outputs(out_dir: Path, names: tuple[str, ...]) -> None:
     for name in names:
         (out_dir / name).unlink(missing_ok=True)
 

@@ -121,6 +121,8 @@ class RunReport:
             lines.append(f"  reference: {self.reference_kind}"
                          + (f" (fallback: {self.reference_fallback})"
                             if self.reference_fallback else ""))
+        elif self.reference_kind == "none":
+            lines.append("  reference: none; the outputs below were not compared with anything")
         lines += [f"  {line}" for line in describe_conv1d(self.mixed_precision)]
         lines += [f"  {line}" for line in describe_float(self.mixed_precision)]
         if self.input_sets and self.input_sets.count > 1:

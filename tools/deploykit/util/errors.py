@@ -23,6 +23,7 @@ class ExitCode(IntEnum):
     PROTOCOL = 13
     DEVICE_ERROR = 14
     UNSUPPORTED_OPERATOR = 15  # an exported operator has no kernel in the runtime build
+    NOT_COMPARED = 16  # the run ended well, but nothing to compare its outputs with (a .pte)
 
 
 class DeployKitError(Exception):
