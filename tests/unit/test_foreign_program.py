@@ -2,7 +2,7 @@
 ExecuTorch's Python API alone (tests/foreign_programs.py) are read, given their flow, checked
 against the board before anything is compiled, imported with deterministic inputs and their
 host reference, and planned. No sources needed; the runs on QEMU and the Ethos-U85 program of
-ExecuTorch's aot_arm_compiler.py are tests/integration/test_foreign_program.py."""
+ExecuTorch's aot_arm_compiler.py are tests/integration/test_foreign_program_on_boards.py."""
 
 from __future__ import annotations
 
