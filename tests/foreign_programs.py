@@ -1,6 +1,7 @@
 """ExecuTorch programs deploykit did not make: written here with ExecuTorch's own Python API
 only (no deploykit import), as a user of ExecuTorch would write them, for the tests of a .pte
-as the model (tests/unit/test_foreign_program.py, tests/integration/test_foreign_program_on_boards.py).
+as the model (tests/unit/test_foreign_program.py,
+tests/integration/test_foreign_program_on_boards.py).
 
 - `portable`: `to_edge_transform_and_lower(...).to_executorch()` with no partitioner (float32,
   portable kernels);
