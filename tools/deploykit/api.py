@@ -482,10 +482,10 @@ def library(board: str | None = None, models: Sequence[str] | None = None,
     in build/<board>/library-<name>; `work`: both in that directory instead. Without
     `models`, the project file's model. `npu_macs`, `npu_memory_mode`: as for export."""
     from deploykit.pipeline.library import build_library
+    from deploykit.program.imported import check_for_board, is_program_file, read_program
 
     if out is None:
         raise ConfigError("A library needs its output directory.", "Give --out DIR.")
-    from deploykit.program.imported import check_for_board, is_program_file, read_program
 
     models = list(models or [])
     cmd = command(board, models[0] if models else None, project=project, flow=flow,
