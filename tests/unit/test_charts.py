@@ -17,8 +17,8 @@ import importlib.machinery
 import importlib.util
 import re
 import sys
-from collections.abc import Iterator
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
