@@ -136,6 +136,20 @@ def write_app_data(component: Component, board: Board, data_dir: Path) -> None:
     write_if_changed(data_dir / "memory.ld", memory_ld(board, npu["regions"] if npu else None))
 
 
+def _build_steps(cmds: list[list[str]], log: Path, what: str, timeout: float) -> None:
+    """Run the configure and build commands one after the other into `log`; BuildError naming
+    `what` and the log at the first that fails."""
+    with log.open("w") as out:
+        for cmd in cmds:
+            out.write("$ " + " ".join(cmd) + "\n")
+            out.flush()
+            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
+                                check=False).returncode
+            if rc != 0:
+                raise BuildError(f"{what} did not build (exit {rc}).", f"See {log}.",
+                                 log_path=str(log))
+
+
 def build_app(component: Component, board: Board, build_dir: Path, *, checks: bool = True,
               cxx: bool = False, lto: bool | None = None, timeout: float = 300.0) -> AppBuild:
     """Configure and build the example application against `component`."""
@@ -146,15 +160,7 @@ def build_app(component: Component, board: Board, build_dir: Path, *, checks: bo
     cmds = [["cmake", "-S", str(example_dir()), "-B", str(build_dir / "cmake"), "-G", "Ninja",
              *configure_args(component, board, data_dir, checks=checks, cxx=cxx, lto=lto)],
             ["cmake", "--build", str(build_dir / "cmake"), "--", "-j2"]]
-    with log.open("w") as out:
-        for cmd in cmds:
-            out.write("$ " + " ".join(cmd) + "\n")
-            out.flush()
-            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
-                                check=False).returncode
-            if rc != 0:
-                raise BuildError(f"The example application did not build (exit {rc}).",
-                                 f"See {log}.", log_path=str(log))
+    _build_steps(cmds, log, "The example application", timeout)
     elf = build_dir / "cmake" / "app.elf"
     return AppBuild(elf, build_dir / "cmake" / "app.map", log)
 
@@ -265,15 +271,7 @@ def build_pico_app(component: Component, board: Board, build_dir: Path, pico_sdk
              f"-DAPP_COMPONENT={component.name}", f"-DAPP_DATA_DIR={data_dir.resolve()}",
              "-DCMAKE_BUILD_TYPE=MinSizeRel"],
             ["cmake", "--build", str(build_dir / "cmake"), "--", "-j2"]]
-    with log.open("w") as out:
-        for cmd in cmds:
-            out.write("$ " + " ".join(cmd) + "\n")
-            out.flush()
-            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
-                                check=False).returncode
-            if rc != 0:
-                raise BuildError(f"The pico-sdk example application did not build (exit {rc}).",
-                                 f"See {log}.", log_path=str(log))
+    _build_steps(cmds, log, "The pico-sdk example application", timeout)
     return AppBuild(build_dir / "cmake" / "app.elf", build_dir / "cmake" / "app.elf.map", log)
 
 
