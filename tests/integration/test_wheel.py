@@ -47,7 +47,12 @@ def build_wheel(src: Path, dist: Path, env: dict[str, str]) -> Path:
     archive = dist / sdist.stdout.strip().splitlines()[-1]
     unpacked = dist / "sdist"
     with tarfile.open(archive) as tar:
-        tar.extractall(unpacked, filter="data")
+        # Our own sdist, just built. The `filter` argument came in Python 3.11.4 (and 3.10.12);
+        # Debian 12's 3.11.2, CI's interpreter, does not take it.
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(unpacked, filter="data")
+        else:
+            tar.extractall(unpacked)
     (tree,) = unpacked.iterdir()
     built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                   "--no-index", "-q", "-w", dist, tree], cwd=dist, env=env)
