@@ -23,7 +23,8 @@ BatchMode), and prints the Pi's table beside the host's. Each Pi figure is the e
 the runner reports (clock-monotonic) for one inference; the runner is invoked --warmup times
 first, then --repeats times (--portable-repeats for the portable kernels), one inference per
 invocation, each on a freshly loaded method. Eager runs on the Pi when `python3 -c "import
-torch, transformers"` works there; otherwise the table says so and its ratios are to the
+torch, transformers"` works there (--remote-python names another interpreter, a virtual
+environment's, say); otherwise the table says so and its ratios are to the
 runner's portable figure. When the remote runs the runner through qemu
 (DEPLOYKIT_REMOTE_EXEC, the tests' loopback "Pi"), every Pi row is labelled emulated.
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -119,8 +121,9 @@ def remote_eager(
             "eager python3 would run natively, so no comparable figure"
         }
     ssh = ["ssh", *runner.ssh_options(), runner.host]
+    python = shlex.quote(args.remote_python)
     probe = subprocess.run(
-        [*ssh, 'python3 -c "import torch, transformers"'],
+        [*ssh, f'{python} -c "import torch, transformers"'],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -130,7 +133,9 @@ def remote_eager(
     if probe.returncode == 255:
         return {"not_measured": f"ssh could not connect to {runner.host}"}
     if probe.returncode != 0:
-        return {"not_measured": f"python3 with torch and transformers not on {runner.host}"}
+        return {
+            "not_measured": f"{args.remote_python} with torch and transformers not on {runner.host}"
+        }
     script = (ROOT / "models" / "opt_125m.py").read_text() + _REMOTE_EAGER.format(
         threads=runner.threads,
         config=config,
@@ -139,7 +144,7 @@ def remote_eager(
         repeats=args.repeats,
     )
     res = subprocess.run(
-        [*ssh, "python3 -"], input=script, capture_output=True, text=True, check=False
+        [*ssh, f"{python} -"], input=script, capture_output=True, text=True, check=False
     )
     line = next((x for x in res.stdout.splitlines() if x.startswith("DK_EAGER ")), None)
     if res.returncode != 0 or line is None:
@@ -248,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         type=Path,
         help="with --host: where the runners are built (default: a temporary directory)",
+    )
+    ap.add_argument(
+        "--remote-python",
+        default="python3",
+        help="with --host: the Pi's interpreter with torch and transformers, for the eager row",
     )
     ap.add_argument(
         "--pi-timeout", type=float, default=900.0, help="seconds per runner invocation on the Pi"

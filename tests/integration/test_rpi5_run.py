@@ -261,8 +261,9 @@ def test_opt_bench_on_the_loopback_pi(tmp_path, loopback_pi):
 
 
 def test_opt_bench_times_eager_on_a_remote_with_torch(loopback_pi, monkeypatch):
-    """The Pi's eager row: the model's source sent to the remote python3 over ssh. The loopback
-    remote is this machine, whose python3 has torch and transformers; without
+    """The Pi's eager row: the model's source sent to the remote interpreter over ssh. The
+    loopback remote is this machine, and its interpreter with torch and transformers is the
+    one running the tests (--remote-python; the PATH's python3 may have neither); without
     DEPLOYKIT_REMOTE_EXEC only its machine (x86_64) says the runner would be emulated there;
     remote_eager is asked as for a real Pi."""
     pytest.importorskip("transformers", reason="pip install 'deploykit[bench]'")
@@ -272,10 +273,15 @@ def test_opt_bench_times_eager_on_a_remote_with_torch(loopback_pi, monkeypatch):
     spec.loader.exec_module(bench)
     small = importlib.import_module("opt_small")
     runner = runner_for_board(load_board("rpi5"), host=loopback_pi, threads=1)
-    args = bench.argparse.Namespace(warmup=1, repeats=3)
+    args = bench.argparse.Namespace(warmup=1, repeats=3, remote_python=sys.executable)
     assert (
         bench.remote_emulation(runner) == "loopback-pi is x86_64: its binfmt emulation of aarch64"
     )
     eager = bench.remote_eager(runner, None, dict(small.CONFIG), small.SEQ_LEN, args)
     assert "not_measured" not in eager, eager
     assert eager["runs"] == 3 and 0 < eager["min_ms"] <= eager["median_ms"] <= eager["max_ms"]
+    args.remote_python = "python3-without-torch"  # no such interpreter on the remote
+    missing = bench.remote_eager(runner, None, dict(small.CONFIG), small.SEQ_LEN, args)
+    assert missing == {
+        "not_measured": "python3-without-torch with torch and transformers not on loopback-pi"
+    }
