@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploykit.flows import get_flow
 from deploykit.flows.base import (
+    CALIBRATIONS,
     FLOW_FILE_GLOBS,
     ExportOptions,
     ExportTarget,
@@ -141,6 +142,7 @@ def export(spec: ModelSpec, flow: str | Flow, out_dir: Path, cpu: str = "cortex-
     options = options or ExportOptions()
     target = ExportTarget(cpu, settings)
     flow_impl.validate(target)  # before any heavy work
+    spec = calibrated(spec, options.calibration)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -199,6 +201,7 @@ def export(spec: ModelSpec, flow: str | Flow, out_dir: Path, cpu: str = "cortex-
             "flow": flow,
             "cpu": cpu,
             "options": dataclasses.asdict(options),
+            "calibration_samples": len(spec.calibration_inputs),
             **art.report,
             "versions": _versions(),
             "pte": {"file": PTE_NAME, "size": len(pte), "sha256": pte_sha},
@@ -263,6 +266,17 @@ def export(spec: ModelSpec, flow: str | Flow, out_dir: Path, cpu: str = "cortex-
         timings=dict(st.timings), warnings=warn,
         input_sets=set_inputs or [inputs_np], reference_sets=set_references or [reference_np],
     )
+
+
+def calibrated(spec: ModelSpec, calibration: str) -> ModelSpec:
+    """`spec` with the calibration samples `calibration` (flows/base.CALIBRATIONS) chooses."""
+    if calibration not in CALIBRATIONS:
+        raise ConfigError(f"Unknown calibration '{calibration}'.",
+                          "Use one of: " + ", ".join(f"{k} ({v})"
+                                                     for k, v in CALIBRATIONS.items()) + ".")
+    if calibration == "example":
+        return dataclasses.replace(spec, calibration_inputs=[spec.example_inputs])
+    return spec
 
 
 def _reference_sets(art: FlowResult, input_sets: list[tuple[Any, ...]] | None,
