@@ -132,7 +132,8 @@ def validate_model(target: Target, model: str, dataset: str | Dataset, out: Path
         board=target.name, model=spec.name, flow=target.flow.name, dataset=data.title,
         names=data.names, labels=data.labels, classes=classes, class_names=data.class_names,
         fp32=fp32, host=host, host_titles=titles, device_calibration=calibration,
-        calibrations={c: _calibration_text(spec, c) for c in calibrations},
+        calibrations={c: _calibration_text(spec, c) for c in calibrations
+                      if target.flow.quantized},
         device=scored, device_error=error, beyond_tolerance=beyond or (),
         max_abs_vs_host=max_abs, tolerance=programs[calibration].tolerance,
         max_accuracy_drop=max_accuracy_drop)

@@ -170,7 +170,7 @@ class ValidationReport:
     classes: int
     class_names: tuple[str, ...]
     device_calibration: str  # the calibration of the program the device runs (and `host`)
-    calibrations: dict[str, str]  # calibration -> what it calibrated on
+    calibrations: dict[str, str]  # calibration -> what it calibrated on; {}: not quantized
     columns: tuple[Column, ...]
     device: DeviceOutcome | None  # None: host only
     max_accuracy_drop: float  # points of top-1 the int8 program may lose against fp32
@@ -293,8 +293,9 @@ def table(report: ValidationReport) -> str:
                                for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
               for row in rows]
     lines.append("  (|err|, RMSE, cosine: the logits against fp32's, sample by sample)")
-    lines.append(f"  the device program: calibration '{report.device_calibration}' "
-                 f"({report.calibrations.get(report.device_calibration, '')})")
+    if report.calibrations:  # a quantized flow's
+        lines.append(f"  the device program: calibration '{report.device_calibration}' "
+                     f"({report.calibrations[report.device_calibration]})")
     device = report.device
     if device is None:
         lines.append("  device: not run (host only)")
