@@ -22,7 +22,7 @@ from deploykit.cli import main
 from deploykit.pipeline.validation import Device
 from deploykit.program.export import load_export
 from deploykit.run.accuracy import DEVICE, FP32
-from deploykit.util.errors import ExitCode, RunError
+from deploykit.util.errors import ConfigError, ExitCode, RunError
 
 BOARD, MODEL, FLOW = "qemu-an547", "digits_cnn", "cortex_m_int8"
 SAMPLES = 450
@@ -146,3 +146,13 @@ def test_the_command_line(host_only, out, capsys):
     # a data set that does not fit the model is refused before any export
     assert main([*args, "--host-only", "--dataset", "digits:valid"]) == ExitCode.CONFIG
     assert "Its splits: train, test" in capsys.readouterr().err
+
+
+def test_a_flow_without_a_per_sample_host_program_is_refused(out, tmp_path):
+    """Ethos-U: the delegates run only on the NPU, so there is no host program to score a data
+    set against; validate says so and names the flows that have one."""
+    with pytest.raises(ConfigError) as err:
+        api.validate("corstone-320", MODEL, flow="ethos_u_int8", out=tmp_path / "npu", limit=2,
+                     project=False)
+    assert "sample by sample" in str(err.value)
+    assert "cortex_m_int8" in err.value.hint

@@ -286,8 +286,11 @@ def _reference_sets(art: FlowResult, input_sets: list[tuple[Any, ...]] | None,
         return [], []
     fn, prepare = art.reference_fn, art.prepare_inputs
     if fn is None or prepare is None:
-        raise ConfigError("This export flow cannot compute host references for an input set.",
-                          "Run without --inputs (the model's example inputs are used).")
+        raise ConfigError("This export flow has no host reference that runs sample by sample "
+                          "(its program runs on an accelerator only), which `run --inputs` "
+                          "and `validate` need.",
+                          "Use a CPU flow (cortex_m_int8, portable_fp32) for a data set, or "
+                          "run the model's example inputs (no --inputs).")
     inputs, references = [], []
     with st.step(f"host reference for {len(input_sets)} input set(s)"):
         for sample in input_sets:
