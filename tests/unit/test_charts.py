@@ -122,19 +122,40 @@ def bench_chart() -> charts.Chart:
     return load_bench().chart(bench_goals())
 
 
+def confusion() -> charts.Chart:
+    """validate's confusion matrices: ten digits with three-digit counts, and a set whose
+    class names are wider than a cell (its column labels stand upright)."""
+    digits = tuple(str(d) for d in range(10))
+    counts = tuple(tuple(112 if i == j else (i * 3 + j) % 4 for j in range(10))
+                   for i in range(10))
+    names = ("airplane", "automobile", "bird", "a rather long class name")
+    return charts.Chart("digits_cnn (cortex_m_int8) on qemu-an547 over digits:test", (
+        charts.Grid("device: top-1 97.11% (437/450)", digits, digits, counts, "true class",
+                    "predicted class"),
+        charts.Grid("cortex_m_int8 host, calibration 'model'", names, names,
+                    ((30, 2, 0, 1), (1, 112, 3, 0), (0, 0, 0, 0), (4, 0, 0, 9)), "true class",
+                    "predicted class")), ("Rows: the true class; columns: the class predicted.",))
+
+
 KINDS = {
     "profile": profile_with_long_names,
     "footprint": footprint_with_long_names,
     "matrix": lambda: matrix_chart(matrix_rows()),
     "bench": bench_chart,
     "empty": lambda: matrix_chart([]),  # a matrix whose filter ran nothing: says so
+    "confusion": confusion,
 }
 
 
 def labels(chart: charts.Chart) -> set[str]:
-    """The texts a chart must show: its titles, group labels, bar texts and notes."""
+    """The texts a chart must show: its titles, group labels, bar texts, grid labels and
+    counts, and notes."""
     out = {chart.title} | set(chart.notes)
     for p in chart.panels:
+        if isinstance(p, charts.Grid):
+            out |= {p.title, p.row_axis, p.column_axis, *p.rows, *p.columns}
+            out |= {f"{c:,}" for row in p.counts for c in row if c}
+            continue
         out |= {p.title, p.axis} | {g.label for g in p.groups}
         out |= {b.text for g in p.groups for b in g.bars if b.text}
     return out - {""}
@@ -200,6 +221,20 @@ def test_the_bench_chart_holds_every_goal_but_no_time():
     assert any(g["goal"] == "weight-only rebuild <= 5 s" and g["checks"] for g in goals)
     assert bars["int8 mlp_mnist pico2-uart size: static RAM ≤ 8 KiB, code ≤ 24 KiB"].value \
         is None
+
+
+def test_a_grid_writes_each_count_in_its_cell_and_refuses_a_misshapen_one():
+    assert charts.render(confusion()) == charts.render(confusion())  # the same bytes
+    names = ("cat", "dog", "emu")
+    grid = charts.Grid("g", names, names, ((11, 0, 1_234), (0, 22, 0), (5, 0, 33)), "true",
+                       "predicted")
+    svg = charts.render(charts.Chart("t", (grid,)))
+    # a text per non-zero cell (a text group's comment holds its string), none for a 0
+    for count in ("11", "1,234", "22", "5", "33"):
+        assert svg.count(f"<!-- {count} -->") == 1, count
+    assert "<!-- 0 -->" not in svg
+    with pytest.raises(ValueError, match="labels for counts of another shape"):
+        charts.Grid("g", ("a", "b"), ("a", "b"), ((1, 2),), "true", "predicted")
 
 
 # ---- the SVG --------------------------------------------------------------------------------

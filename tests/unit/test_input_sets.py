@@ -37,3 +37,25 @@ def test_empty_or_missing_directory(tmp_path):
         load_input_sets(tmp_path, EXAMPLE)
     with pytest.raises(ConfigError, match="not a directory"):
         load_input_sets(tmp_path / "nope", EXAMPLE)
+
+
+def test_npz_inputs_in_order_and_without_a_gap(tmp_path):
+    two = (torch.zeros(1, 4), torch.zeros(2))
+    np.savez(tmp_path / "a.npz", input_1=np.ones(2, np.float32),
+             input_0=np.zeros((1, 4), np.float32))
+    sets = load_input_sets(tmp_path, two)
+    assert [tuple(t.shape) for t in sets.samples[0]] == [(1, 4), (2,)]
+    np.savez(tmp_path / "b.npz", input_0=np.zeros((1, 4), np.float32),
+             input_2=np.ones(2, np.float32))
+    with pytest.raises(ConfigError, match=r"cannot read .*b.npz.*input_0, input_1, \.\.\."):
+        load_input_sets(tmp_path, two)
+
+
+def test_labels_must_be_integers(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((1, 4), np.float32))
+    (tmp_path / "labels.json").write_text(json.dumps({"a": "7"}))
+    assert load_input_sets(tmp_path, EXAMPLE).labels == (7,)
+    for bad in ({"a": 7.5}, {"a": True}, {"a": None}, [7]):
+        (tmp_path / "labels.json").write_text(json.dumps(bad))
+        with pytest.raises(ConfigError, match="not a JSON object of name → integer label"):
+            load_input_sets(tmp_path, EXAMPLE)

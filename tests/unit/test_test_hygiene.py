@@ -22,6 +22,7 @@ IMPORT_NAMES = {
     "pyelftools": "elftools",
     "qemu.qmp": "qemu",
     "jinja2": "jinja2",
+    "scikit-learn": "sklearn",
 }
 
 

@@ -24,8 +24,10 @@ from deploykit.util.locks import out_lock
 if TYPE_CHECKING:
     from deploykit.pipeline.project import Choices
     from deploykit.pipeline.target import Target
+    from deploykit.pipeline.validation import Device
     from deploykit.profiling.explore import ExploreSession
     from deploykit.readers.project_file import ProjectFile
+    from deploykit.run.accuracy import ValidationReport
     from deploykit.util.tool_env import ToolEnv
 
     # A project file: a path (or one read), False for none, None to find deploykit.toml (or
@@ -461,6 +463,59 @@ def run(board: str | None = None, model: str | None = None, flow: str | None = N
                             inputs_dir=cmd.choices.value("inputs"),
                             fit=bool(cmd.choices.value("fit")), tolerance=cmd.tolerance(),
                             no_compare=no_compare)
+
+
+def validate(board: str | None = None, model: str | None = None, dataset: str | None = None,
+             flow: str | None = None, out: Path | None = None, progress: Progress = _quiet,
+             profile: str | None = None, npu_macs: int | None = None,
+             npu_memory_mode: str | None = None, strict: bool | None = None, *,
+             inputs: Path | None = None, limit: int | None = None,
+             calibration: str = "model", max_accuracy_drop: float = 1.0,
+             device: Device | None = None, on_board: bool = False,
+             workspace: Path | None = None, timeout: float | None = None,
+             runner_options: dict | None = None, project: ProjectChoice = None
+             ) -> ValidationReport:
+    """Score `model` over a split of a data set (pipeline/validation.py, docs/validation.md):
+    fp32 on the host, the flow's host program calibrated on the model's calibration inputs
+    and (int8 flows) on the example input alone, and the device. `dataset`: NAME[:SPLIT]
+    (default digits:test), a directory of samples or a data set file; `inputs`: a directory
+    of samples with labels.json instead (as for run). `limit`: the first N samples.
+    `calibration`: the device program's ("model" or "example"). `max_accuracy_drop`: the
+    points of top-1 the int8 program may lose against fp32 before the validation fails.
+
+    The device: `device`, a callable taking one sample's inputs and returning its outputs
+    (pipeline.validation.Device; a DeployKitError from it stops the validation there and
+    fails it), or `on_board`: the board's own session (pipeline.validation.device_session);
+    neither: host only. Writes <out>/validate/validation.json and confusion.svg."""
+    from contextlib import nullcontext
+
+    from deploykit.pipeline.validation import device_session, validate_model
+
+    if inputs is not None and dataset is not None:
+        raise ConfigError(f"Both --dataset {dataset} and --inputs {inputs} given.",
+                          "Give one data set: --inputs DIR is the same as --dataset DIR.")
+    if device is not None and on_board:
+        raise ConfigError("A device callable and the board's session both given.",
+                          "Pass `device` or `on_board=True`, not both.")
+    chosen = str(inputs) if inputs is not None else dataset or "digits:test"
+    cmd = command(board, model, project=project, runs=on_board, flow=flow, profile=profile,
+                  strict=strict, npu_macs=npu_macs, npu_memory_mode=npu_memory_mode,
+                  timeout=timeout, **(runner_options or {}))
+    out = cmd.out(out)
+
+    def board_session(program):
+        return device_session(cmd.target, cmd.model, out, program, workspace, _timeout(cmd),
+                              progress)
+
+    def given(_program):
+        return nullcontext(device)
+
+    with out_lock(out):
+        return validate_model(cmd.target, cmd.model, chosen, out, progress,
+                              session=board_session if on_board else
+                              given if device is not None else None,
+                              limit=limit, calibration=calibration,
+                              max_accuracy_drop=max_accuracy_drop)
 
 
 def _timeout(cmd: Command) -> float:

@@ -16,6 +16,7 @@ from typing import Any
 
 from deploykit import api
 from deploykit.flows import flow_names, registry
+from deploykit.flows.base import CALIBRATIONS
 from deploykit.pipeline.profiles import DEFAULT_PROFILE, PROFILES
 from deploykit.run.runners import runner_options
 from deploykit.util.errors import ConfigError, DeployKitError, ExitCode
@@ -311,6 +312,41 @@ def build_parser() -> argparse.ArgumentParser:
     _fit_option(p)
     p.add_argument("--timeout", type=float,
                    help="seconds before a silent simulator is killed (default 120)")
+    _board_selection(p)
+
+    p = sub.add_parser("validate", help="score a model over a data set: fp32, the host "
+                       "program (both calibrations) and the device; accuracy, agreement, "
+                       "confusion matrices", description="Run every sample of a data set's "
+                       "split through the model in fp32 on the host, through the flow's host "
+                       "program (the reference `run` compares the device with), calibrated on "
+                       "the model's calibration_inputs() and, for an int8 flow, on its example "
+                       "input alone, and on the device; print top-1 accuracy side by side, the "
+                       "device's agreement with the host program sample by sample (and where "
+                       "they disagree), and the logits' error against fp32. Writes "
+                       "<out>/validate/validation.json and confusion.svg. Fails when a sample "
+                       "is not scored, the device's outputs leave the tolerance, or the int8 "
+                       "top-1 is more than --max-drop points below fp32's "
+                       "(docs/validation.md).")
+    _common(p)
+    p.add_argument("--dataset", metavar="NAME[:SPLIT]",
+                   help="the data set and split (default digits:test): a built-in one ("
+                   "digits: train, test), a directory of samples with labels.json (one "
+                   "subdirectory per split, or the samples themselves), or a Python file "
+                   "defining SPLITS and load(split)")
+    p.add_argument("--inputs", type=Path, metavar="DIR",
+                   help="a directory of samples with labels.json as the data set (as for run)")
+    p.add_argument("--limit", type=int, metavar="N", help="only the first N samples")
+    p.add_argument("--host-only", action="store_true",
+                   help="fp32 and the host program only, no device")
+    p.add_argument("--calibration", choices=list(CALIBRATIONS), default="model",
+                   help="what the device program is calibrated on: model (its "
+                   "calibration_inputs(), default) or example (its example input alone); the "
+                   "host program of the other is shown beside it")
+    p.add_argument("--max-drop", type=float, default=1.0, metavar="POINTS",
+                   help="points of top-1 accuracy the int8 program may lose against fp32 "
+                   "(default 1)")
+    p.add_argument("--timeout", type=float,
+                   help="seconds before a silent device is given up (default 120)")
     _board_selection(p)
 
     p = sub.add_parser("flash", help="flash a built firmware onto a board (picotool, the "
@@ -633,6 +669,16 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         if not report.passed:
             return int(report.exit_code)
         return int(ExitCode.MISMATCH) if debug.diverged else 0
+    if cmd == "validate":
+        from deploykit.run.accuracy import report_json
+
+        validation = api.validate(**common, dataset=args.dataset, inputs=args.inputs,
+                                  limit=args.limit, calibration=args.calibration,
+                                  max_accuracy_drop=args.max_drop,
+                                  on_board=not args.host_only, timeout=args.timeout,
+                                  runner_options=runner)
+        out.result(report_json(validation), validation.summary())
+        return 0 if validation.passed else int(validation.exit_code)
     if cmd == "profile":
         profiled = api.profile(**common, timeout=args.timeout, runner_options=runner,
                                fit=args.fit)

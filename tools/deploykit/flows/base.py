@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 # Used when the model file gives no TOLERANCE for the flow (device vs reference).
 DEFAULT_FP32_TOLERANCE = {"atol": 1e-5, "rtol": 0.0}
 DEFAULT_INT8_STEPS = 2.0  # int8 default atol: this many output quantization steps
+# ExportOptions.calibration: the samples an int8 flow calibrates on.
+CALIBRATIONS = {"model": "the model's calibration_inputs()",
+                "example": "the model's example_inputs() alone"}
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,15 @@ class ExportOptions:
     # cortex_m_int8: an operator the int8 lowering cannot take is an error, instead of being
     # kept in float (automatic mixed precision, flows/mixed_precision.py).
     strict: bool = False
+    # What an int8 flow calibrates on (CALIBRATIONS): "model", the model file's
+    # calibration_inputs() (its example inputs when it has none); "example", its example
+    # inputs alone (`deploykit validate` shows the accuracy of both, docs/validation.md).
+    calibration: str = "model"
 
     def key(self) -> str:
         return (f"fold_constants={self.fold_constants} int8_io={self.int8_io} "
-                f"plan_inputs={self.plan_inputs}" + (" strict=True" if self.strict else ""))
+                f"plan_inputs={self.plan_inputs}" + (" strict=True" if self.strict else "")
+                + (f" calibration={self.calibration}" if self.calibration != "model" else ""))
 
     def backend_config(self, **kwargs: Any) -> Any:
         """to_executorch's ExecutorchBackendConfig for these options (and `kwargs`)."""

@@ -3,4 +3,4 @@ family, the flow, the build profile, the NPU settings and the runner) into a `Ta
 `profiles` holds the build profiles; `chains` carries a Target through the stages (export →
 plan → render → build → run → validate) and `matrix` does it for many targets at once;
 `library` chains the models of a library component through export and plan into
-build/library.py."""
+build/library.py; `validation` scores a model over a data set on the host and the device."""

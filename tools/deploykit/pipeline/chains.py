@@ -35,6 +35,7 @@ from deploykit.flows.conv1d_as_conv2d import describe as describe_conv1d
 from deploykit.memory import fit as fitting
 from deploykit.memory.plan import MemoryPlan, Sizing, plan_memory
 from deploykit.pipeline.target import Target
+from deploykit.program.datasets import Dataset
 from deploykit.program.export import ExportResult, load_export, memory_order_bytes
 from deploykit.program.export import export as export_model
 from deploykit.program.imported import (
@@ -43,9 +44,9 @@ from deploykit.program.imported import (
     import_key,
     import_program,
 )
-from deploykit.program.input_sets import load_input_sets
+from deploykit.program.input_sets import InputSets, load_input_sets
 from deploykit.program.inspect import ProgramInfo, inspect_pte
-from deploykit.program.models import load_model, resolve_model_path
+from deploykit.program.models import ModelSpec, load_model, resolve_model_path
 from deploykit.readers.boards import Board, repo_root
 from deploykit.readers.footprint import Footprint, footprint
 from deploykit.readers.protocol import RunRecords
@@ -76,8 +77,9 @@ def _export_key(model_path: Path, flow: Flow, cpu: str, settings: dict | None = 
     the exporter's code (the export stage, the built-in flows and the flow's own module, which
     may come from another package) and versions."""
     package = Path(__file__).parents[1]
+    # datasets.py: a model file may take its inputs from a built-in data set (digits_cnn).
     exporter = {package / "program" / "export.py", package / "program" / "models.py",
-                package / "readers" / "pte_reader.py",
+                package / "program" / "datasets.py", package / "readers" / "pte_reader.py",
                 *(package / "flows").glob("*.py"), Path(inspect.getfile(type(flow)))}
     h = hashlib.sha256()
     neighbours = sorted(model_path.parent.glob("*.py"))
@@ -112,11 +114,16 @@ def _native_output_to(log: Path) -> Iterator[None]:
 
 
 def export_stage(target: Target, model: str, out: Path, progress: Progress, *,
-                 inputs_dir: Path | None = None) -> ExportResult:
+                 inputs_dir: Path | None = None, samples: InputSets | Dataset | None = None,
+                 calibration: str | None = None, spec: ModelSpec | None = None
+                 ) -> ExportResult:
     """Export, or reuse a finished export whose inputs (export-key) are unchanged.
 
     With `inputs_dir`, the host reference is also computed for every sample there
-    (program/input_sets.py), and the firmware runs them all.
+    (program/input_sets.py), and the firmware runs them all; `samples`: the same for samples
+    loaded already (a data set's split, checked against the model). `calibration`: what an
+    int8 flow calibrates on (ExportOptions.calibration; default the model's calibration
+    inputs). `spec`: the model, loaded already.
     """
     if target.program is not None:
         return import_stage(target, out, progress, inputs_dir=inputs_dir)
@@ -125,9 +132,11 @@ def export_stage(target: Target, model: str, out: Path, progress: Progress, *,
     board, flow_impl = target.board, target.flow
     settings = flow_impl.target_settings(board)
     options = target.profile.export_options()
-    spec = input_sets = None
+    if calibration is not None:
+        options = dataclasses.replace(options, calibration=calibration)
+    input_sets = samples
     if inputs_dir is not None:
-        spec = load_model(model, repo_root())
+        spec = spec or load_model(model, repo_root())
         input_sets = load_input_sets(inputs_dir, spec.example_inputs)
     key = _export_key(model_path, flow_impl, board.cpu["core"], settings,
                       input_sets.digest if input_sets else "", options.key())

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploykit.flows import get_flow
 from deploykit.flows.base import (
+    CALIBRATIONS,
     FLOW_FILE_GLOBS,
     ExportOptions,
     ExportTarget,
@@ -141,6 +142,7 @@ def export(spec: ModelSpec, flow: str | Flow, out_dir: Path, cpu: str = "cortex-
     options = options or ExportOptions()
     target = ExportTarget(cpu, settings)
     flow_impl.validate(target)  # before any heavy work
+    spec = calibrated(spec, options.calibration)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -199,6 +201,7 @@ def export(spec: ModelSpec, flow: str | Flow, out_dir: Path, cpu: str = "cortex-
             "flow": flow,
             "cpu": cpu,
             "options": dataclasses.asdict(options),
+            "calibration_samples": len(spec.calibration_inputs),
             **art.report,
             "versions": _versions(),
             "pte": {"file": PTE_NAME, "size": len(pte), "sha256": pte_sha},
@@ -265,6 +268,17 @@ def export(spec: ModelSpec, flow: str | Flow, out_dir: Path, cpu: str = "cortex-
     )
 
 
+def calibrated(spec: ModelSpec, calibration: str) -> ModelSpec:
+    """`spec` with the calibration samples `calibration` (flows/base.CALIBRATIONS) chooses."""
+    if calibration not in CALIBRATIONS:
+        raise ConfigError(f"Unknown calibration '{calibration}'.",
+                          "Use one of: " + ", ".join(f"{k} ({v})"
+                                                     for k, v in CALIBRATIONS.items()) + ".")
+    if calibration == "example":
+        return dataclasses.replace(spec, calibration_inputs=[spec.example_inputs])
+    return spec
+
+
 def _reference_sets(art: FlowResult, input_sets: list[tuple[Any, ...]] | None,
                     st: Stages) -> tuple[list[list[np.ndarray]], list[list[np.ndarray]]]:
     """Host reference outputs for each extra input set (`deploykit run --inputs DIR`)."""
@@ -272,8 +286,11 @@ def _reference_sets(art: FlowResult, input_sets: list[tuple[Any, ...]] | None,
         return [], []
     fn, prepare = art.reference_fn, art.prepare_inputs
     if fn is None or prepare is None:
-        raise ConfigError("This export flow cannot compute host references for an input set.",
-                          "Run without --inputs (the model's example inputs are used).")
+        raise ConfigError("This export flow has no host reference that runs sample by sample "
+                          "(its program runs on an accelerator only), which `run --inputs` "
+                          "and `validate` need.",
+                          "Use a CPU flow (cortex_m_int8, portable_fp32) for a data set, or "
+                          "run the model's example inputs (no --inputs).")
     inputs, references = [], []
     with st.step(f"host reference for {len(input_sets)} input set(s)"):
         for sample in input_sets:

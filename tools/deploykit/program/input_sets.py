@@ -6,12 +6,16 @@ A directory holds one file per sample, taken in name order:
 - `NAME.pt`: a tensor, or a tuple/list of tensors (torch.save).
 An optional `labels.json` maps sample names (file stems) to integer class labels; with it the
 report gives the device's top-1 accuracy beside its agreement with the host.
+
+The same directory is a data set for `deploykit validate` (program/datasets.py, the `folder`
+kind): `read_samples` reads it, `check_sample` checks one sample against the model, for both.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,8 @@ from typing import Any
 from deploykit.util.errors import ConfigError
 
 SUFFIXES = (".npy", ".npz", ".pt")
+LABELS_NAME = "labels.json"
+_NPZ_KEY = re.compile(r"^input_(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -34,19 +40,39 @@ class InputSets:
         return any(label is not None for label in self.labels)
 
 
+def sample_files(directory: Path) -> list[Path]:
+    """The sample files of `directory`, in name order."""
+    return sorted(p for p in Path(directory).iterdir() if p.suffix in SUFFIXES and p.is_file())
+
+
 def load_input_sets(directory: Path, example_inputs: tuple[Any, ...]) -> InputSets:
     """Load and check every sample against the model's example inputs (count, shape, dtype)."""
+    sets = read_samples(directory, "--inputs")
+    for path, sample in zip(sample_files(directory), sets.samples, strict=True):
+        check_sample(f"--inputs: {path.name}", sample, example_inputs)
+    return sets
+
+
+def read_samples(directory: Path, what: str) -> InputSets:
+    """Every sample of `directory` and its label, not yet checked against a model. `what`
+    names the directory in errors ("--inputs", "data set ./my_set")."""
     import numpy as np
     import torch
 
     directory = Path(directory)
     if not directory.is_dir():
-        raise ConfigError(f"--inputs {directory}: not a directory.",
+        raise ConfigError(f"{what} {directory}: not a directory.",
                           "Give a directory of .npy/.npz/.pt files, one per sample.")
-    files = sorted(p for p in directory.iterdir() if p.suffix in SUFFIXES)
+    files = sample_files(directory)
     if not files:
-        raise ConfigError(f"--inputs {directory}: no .npy, .npz or .pt files.",
+        raise ConfigError(f"{what} {directory}: no .npy, .npz or .pt files.",
                           "Save one file per sample (numpy.save or torch.save).")
+    stems = [p.stem for p in files]
+    twice = sorted({s for s in stems if stems.count(s) > 1})
+    if twice:
+        raise ConfigError(f"{what} {directory}: more than one file for sample(s) "
+                          f"{', '.join(twice)}.",
+                          "Keep one file per sample name (labels.json names samples by it).")
     digest = hashlib.sha256()
     samples = []
     for path in files:
@@ -56,38 +82,68 @@ def load_input_sets(directory: Path, example_inputs: tuple[Any, ...]) -> InputSe
                 tensors: tuple[Any, ...] = (torch.from_numpy(np.load(path)),)
             elif path.suffix == ".npz":
                 with np.load(path) as npz:
-                    tensors = tuple(torch.from_numpy(npz[f"input_{i}"])
-                                    for i in range(len(example_inputs)))
+                    tensors = tuple(torch.from_numpy(npz[key]) for key in _npz_inputs(npz.files))
             else:
                 value = torch.load(path, weights_only=True)
                 tensors = tuple(value) if isinstance(value, list | tuple) else (value,)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
-            raise ConfigError(f"--inputs: cannot read {path}: {exc}",
+            raise ConfigError(f"{what}: cannot read {path}: {exc}",
                               "Each file holds one sample (see `deploykit run --help`).") \
                 from exc
-        _check_sample(path, tensors, example_inputs)
+        if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+            raise ConfigError(f"{what}: {path} holds no tensor (or something else beside "
+                              "tensors).", "torch.save a tensor or a tuple of tensors.")
         samples.append(tensors)
-    labels_file = directory / "labels.json"
     labels: dict[str, int] = {}
+    labels_file = directory / LABELS_NAME
     if labels_file.exists():
-        try:
-            labels = {str(k): int(v) for k, v in json.loads(labels_file.read_text()).items()}
-        except (ValueError, AttributeError) as exc:
-            raise ConfigError(f"{labels_file} is not a JSON object of name → integer label.",
-                              'Write it like {"digit_0": 7, "digit_1": 2}.') from exc
+        labels = _read_labels(labels_file)
         digest.update(labels_file.read_bytes())
-    names = tuple(p.stem for p in files)
-    return InputSets(directory, names, tuple(samples), tuple(labels.get(n) for n in names),
-                     digest.hexdigest())
+        stray = sorted(set(labels) - set(stems))
+        if stray:
+            raise ConfigError(
+                f"{labels_file} labels {len(stray)} sample(s) with no file in {directory}: "
+                f"{', '.join(stray[:5])}{' ...' if len(stray) > 5 else ''}.",
+                "Each name of labels.json is a sample file's name without its suffix "
+                "(digit_0 for digit_0.npy); remove the stray names or add their files.")
+    return InputSets(directory, tuple(stems), tuple(samples),
+                     tuple(labels.get(n) for n in stems), digest.hexdigest())
 
 
-def _check_sample(path: Path, tensors: tuple[Any, ...], example: tuple[Any, ...]) -> None:
+def _npz_inputs(keys: list[str]) -> list[str]:
+    """The input arrays of a sample .npz, in order: input_0, input_1, ... with no gap."""
+    indices = sorted(int(m.group(1)) for k in keys if (m := _NPZ_KEY.match(k)))
+    if not indices or indices != list(range(len(indices))):
+        raise KeyError(f"arrays {', '.join(sorted(keys))}: expected input_0, input_1, ...")
+    return [f"input_{i}" for i in indices]
+
+
+def _read_labels(path: Path) -> dict[str, int]:
+    try:
+        raw = json.loads(path.read_text())
+        if not isinstance(raw, dict):
+            raise ValueError("not an object")
+        labels = {}
+        for k, v in raw.items():
+            # 7 or "7"; not 7.5, true or null
+            if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+                raise ValueError(f"label of {k} is {v!r}")
+            labels[str(k)] = int(v)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{path} is not a JSON object of name → integer label ({exc}).",
+                          'Write it like {"digit_0": 7, "digit_1": 2}.') from exc
+    return labels
+
+
+def check_sample(what: str, tensors: tuple[Any, ...], example: tuple[Any, ...]) -> None:
+    """One sample against the model's example inputs: as many inputs, each of the same shape
+    and dtype (the export is specialised to them). `what` names the sample."""
     if len(tensors) != len(example):
-        raise ConfigError(f"--inputs: {path.name} has {len(tensors)} input(s); the model takes "
+        raise ConfigError(f"{what} has {len(tensors)} input(s); the model takes "
                           f"{len(example)}.", "Use .npz with input_0, input_1, ... for several.")
     for i, (got, want) in enumerate(zip(tensors, example, strict=True)):
         if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
             raise ConfigError(
-                f"--inputs: {path.name} input {i} is {got.dtype} {tuple(got.shape)}; the model "
-                f"takes {want.dtype} {tuple(want.shape)}.",
+                f"{what} input {i} is {got.dtype} {tuple(got.shape)}; the model takes "
+                f"{want.dtype} {tuple(want.shape)}.",
                 "Every sample must have the example input's shape and dtype.")

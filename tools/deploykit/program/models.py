@@ -133,10 +133,11 @@ def _available_text(repo_root: Path) -> str:
     return ", ".join(names) if names else f"(none found in {models_dir(repo_root)})"
 
 
-def _import_file(path: Path) -> ModuleType:
-    """Import a .py file by path, under a private module name, without needing a package."""
+def import_python_file(path: Path, kind: str = "model") -> ModuleType:
+    """Import a .py file by path, under a private module name, without needing a package.
+    `kind` names the file in errors and in the module's name (a model, a data set)."""
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
-    mod_name = f"_deploykit_model_{path.stem}_{digest}"
+    mod_name = f"_deploykit_{kind.replace(' ', '_')}_{path.stem}_{digest}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"Cannot load {path} as a Python module.",
@@ -150,12 +151,13 @@ def _import_file(path: Path) -> ModuleType:
         spec.loader.exec_module(module)
     except SyntaxError as e:
         sys.modules.pop(mod_name, None)
-        raise ConfigError(f"Model file {path} has a syntax error: {e.msg} (line {e.lineno}).",
-                          "Fix the Python syntax in the model file.") from e
+        raise ConfigError(f"{kind.capitalize()} file {path} has a syntax error: {e.msg} "
+                          f"(line {e.lineno}).", f"Fix the Python syntax in the {kind} file.") \
+            from e
     except Exception as e:
         sys.modules.pop(mod_name, None)
-        raise ConfigError(f"Importing model file {path} raised {type(e).__name__}: {e}",
-                          "Fix the model file; run `python <file>` to see the full "
+        raise ConfigError(f"Importing {kind} file {path} raised {type(e).__name__}: {e}",
+                          f"Fix the {kind} file; run `python <file>` to see the full "
                           "traceback.") from e
     finally:
         with contextlib.suppress(ValueError):
@@ -235,7 +237,7 @@ def load_model(name_or_path: str, repo_root: Path) -> ModelSpec:
     than deep inside torch.export.
     """
     name, path = resolve_model_path(name_or_path, Path(repo_root))
-    module = _import_file(path)
+    module = import_python_file(path)
 
     missing = [fn for fn in ("model", "example_inputs") if not hasattr(module, fn)]
     if missing:

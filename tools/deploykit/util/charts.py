@@ -17,12 +17,15 @@ for matplotlib's ids, matplotlib's built-in defaults instead of a user's matplot
 DejaVu Sans, the font matplotlib ships, written as paths, so a viewer needs no font and draws
 the glyphs that were measured). Another matplotlib version may write other bytes.
 
-A chart is a `Chart` of `Panel`s stacked top to bottom. A panel is horizontal bars in groups:
+A chart is a `Chart` of panels stacked top to bottom. A `Panel` is horizontal bars in groups:
 one bar per group (a plain bar chart: a profile's operators), or several (a grouped bar chart:
 one bar per board and profile for each model), each bar in the colour of its series, with the
 series in a legend. A bar may carry a second value drawn inside it (a RAM block's peak inside
 its linked size), may be hatched (an operator in a float island), or may have no value (a
 combination that did not run: its text is written instead). A panel may draw a goal as a line.
+A `Grid` is a matrix of counts, one cell per row and column (a confusion matrix: true class by
+predicted class), each cell shaded by its share of its row, the diagonal in one colour and the
+rest in another, with its count written in it; column labels wider than a cell stand upright.
 
 matplotlib is imported on first use only: `import deploykit` stays fast.
 """
@@ -69,6 +72,9 @@ GROUP_GAP = 0.6  # between groups of several bars, in rows
 AXES_WIDTH = 400.0  # the bars' length at the longest; grows for wide value texts
 TEXT_PAD = 4.0  # between a bar's end and its text
 GAP = 14.0  # between two panels, and around the title and the notes
+CELL = 24.0  # a grid's cell, square
+GRID_DIAGONAL, GRID_OFF = "#59a14f", "#e15759"  # a grid's diagonal cells, the others
+GRID_LIGHTEST = 0.25  # the shade of a cell of the least count above 0 (1: the full colour)
 NOTE_WIDTH = 110  # characters a note line is wrapped at (a wrap, not a fit: nothing is cut)
 
 _RC = {
@@ -125,9 +131,28 @@ class Panel:
 
 
 @dataclass(frozen=True)
+class Grid:
+    """A matrix of counts: `counts[i][j]` in the cell of row i (top to bottom) and column j
+    (left to right). A confusion matrix: rows are the true classes, columns the predicted."""
+
+    title: str
+    rows: tuple[str, ...]  # row labels
+    columns: tuple[str, ...]  # column labels
+    counts: tuple[tuple[int, ...], ...]
+    row_axis: str  # the rows' axis label ("true class")
+    column_axis: str  # the columns' ("predicted class")
+
+    def __post_init__(self) -> None:
+        if len(self.counts) != len(self.rows) or any(len(r) != len(self.columns)
+                                                     for r in self.counts):
+            raise ValueError(f"grid '{self.title}': {len(self.rows)} x {len(self.columns)} "
+                             "labels for counts of another shape")
+
+
+@dataclass(frozen=True)
 class Chart:
     title: str
-    panels: tuple[Panel, ...]
+    panels: tuple[Panel | Grid, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)  # lines under the panels
 
 
@@ -177,14 +202,19 @@ def _matplotlib() -> Iterator[None]:
 class _Drawn:
     """One panel as drawn, with what its layout needs."""
 
-    panel: Panel
+    panel: Panel | Grid
     ax: Axes
     rows: float  # the y extent, in rows
-    texts: list[tuple[Text, float]]  # each value text and the x it starts from
+    texts: list[tuple[Text, float]]  # each value text and the x it starts from (bars)
     legend: Legend | None
     top: float = 0.0  # measured: points above the axes (title)
     bottom: float = 0.0  # points below the axes (ticks, axis label)
     height: float = 0.0  # of the axes
+    width: float = 0.0  # of the axes: the bars' common width, or a grid's columns
+
+    @property
+    def bars(self) -> bool:
+        return isinstance(self.panel, Panel)
 
 
 def _draw(chart: Chart) -> Figure:
@@ -196,21 +226,30 @@ def _draw(chart: Chart) -> Figure:
     title = fig.text(0, 1, chart.title, fontsize=TITLE_SIZE, fontweight="bold", va="top")
     notes = [fig.text(0, 0, line, fontsize=TEXT_SIZE, va="top", color="#444444")
              for note in chart.notes for line in textwrap.wrap(note, NOTE_WIDTH) or [""]]
-    drawn = [_draw_panel(fig, p) for p in chart.panels]
+    drawn = [_draw_panel(fig, p) if isinstance(p, Panel) else _draw_grid(fig, p)
+             for p in chart.panels]
     # Measure (the texts' sizes do not depend on where they are), then lay out.
     fig.draw_without_rendering()
     width = AXES_WIDTH
     for d in drawn:
-        for text, _x in d.texts:
+        for text, _x in d.texts if d.bars else ():
             width = max(width, 2 * (text.get_window_extent().width + TEXT_PAD))
+    for d in drawn:
+        if isinstance(d.panel, Grid):
+            _upright_wide_columns(d)
+            fig.draw_without_rendering()
     for d in drawn:
         axbox = d.ax.get_window_extent()
         d.top = d.ax.title.get_window_extent().y1 - axbox.y1 if d.panel.title else 0.0
         ticks = d.ax.xaxis.get_tightbbox()
         d.bottom = axbox.y0 - ticks.y0 if ticks is not None else 0.0
-        legend_h = d.legend.get_window_extent().height if d.legend is not None else 0.0
-        d.height = max(d.rows * SLOT, legend_h, 2 * SLOT)
-        _fit_value_axis(d, width)
+        if d.bars:
+            legend_h = d.legend.get_window_extent().height if d.legend is not None else 0.0
+            d.height = max(d.rows * SLOT, legend_h, 2 * SLOT)
+            d.width = width
+            _fit_value_axis(d, width)
+        else:
+            d.height, d.width = d.rows * CELL, len(_grid(d).columns) * CELL
     label_boxes = [d.ax.yaxis.get_tightbbox() for d in drawn]
     left = max((b.width for b in label_boxes if b is not None), default=0.0) + GAP
     right = max((d.legend.get_window_extent().width for d in drawn if d.legend is not None),
@@ -219,7 +258,12 @@ def _draw(chart: Chart) -> Figure:
     notes_h = sum(n.get_window_extent().height * 1.25 for n in notes)
     height = (GAP + title_h + GAP + sum(d.top + d.height + d.bottom + GAP for d in drawn)
               + notes_h + GAP)
-    fig_w = left + width + right
+    # A grid's title or column labels may be wider than its cells (and than the bars).
+    grids = [d for d in drawn if not d.bars]
+    content = max([d.width for d in grids]
+                  + [d.ax.title.get_window_extent().width for d in grids if d.panel.title]
+                  + [_width_of(d.ax.xaxis.get_tightbbox()) for d in grids], default=0.0)
+    fig_w = left + max(width, content) + right
     fig.set_size_inches(fig_w / DPI, height / DPI)
     # Top down, in points from the bottom of the figure.
     y = height - GAP
@@ -227,9 +271,10 @@ def _draw(chart: Chart) -> Figure:
     y -= title_h + GAP
     for d in drawn:
         y -= d.top + d.height
-        d.ax.set_position((left / fig_w, y / height, width / fig_w, d.height / height))
+        d.ax.set_position((left / fig_w, y / height, d.width / fig_w, d.height / height))
         y -= d.bottom + GAP
-        _thin_ticks(d, width)
+        if d.bars:
+            _thin_ticks(d, width)
     for n in notes:
         n.set_position((GAP / fig_w, y / height))
         y -= n.get_window_extent().height * 1.25
@@ -323,6 +368,62 @@ def _draw_panel(fig: Figure, panel: Panel) -> _Drawn:
         legend = ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                            borderaxespad=0.0, frameon=False)
     return _Drawn(panel, ax, rows, texts, legend)
+
+
+def _grid(d: _Drawn) -> Grid:
+    assert isinstance(d.panel, Grid)
+    return d.panel
+
+
+def _width_of(box: Any) -> float:
+    return box.width if box is not None else 0.0
+
+
+def _draw_grid(fig: Figure, grid: Grid) -> _Drawn:
+    """The cells of `grid`, each shaded by its share of its row, a cell of any count at least
+    lightly (one error among a hundred still shows), its count written in it; a cell of 0 is
+    white and empty."""
+    from matplotlib.colors import to_rgb
+
+    ax = fig.add_axes((0.1, 0.1, 0.8, 0.8))
+    n_rows, n_cols = len(grid.rows), len(grid.columns)
+    for i, row in enumerate(grid.counts):
+        total = sum(row)
+        for j, count in enumerate(row):
+            shade = GRID_LIGHTEST + (1.0 - GRID_LIGHTEST) * count / total if count else 0.0
+            base = to_rgb(GRID_DIAGONAL if i == j else GRID_OFF)
+            # white at no count, the full colour at all of the row
+            colour = tuple(1.0 - shade * (1.0 - c) for c in base)
+            ax.add_patch(_cell(j, i, colour))
+            if count:
+                ax.text(j, i, f"{count:,}", ha="center", va="center", fontsize=TEXT_SIZE,
+                        color="white" if shade > 0.6 else "#222222")
+    ax.set_xlim(-0.5, n_cols - 0.5)
+    ax.set_ylim(n_rows - 0.5, -0.5)  # the first row at the top
+    ax.set_xticks(range(n_cols), grid.columns)
+    ax.set_yticks(range(n_rows), grid.rows)
+    ax.tick_params(length=0)
+    ax.set_xlabel(grid.column_axis)
+    ax.set_ylabel(grid.row_axis)
+    for spine in ax.spines.values():
+        spine.set_color("#bbbbbb")
+    if grid.title:
+        ax.set_title(grid.title, loc="left")
+    return _Drawn(grid, ax, float(max(n_rows, 1)), [], None)
+
+
+def _cell(x: float, y: float, colour: tuple[float, ...]) -> Any:
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x - 0.5, y - 0.5), 1.0, 1.0, facecolor=colour, edgecolor="white",
+                     linewidth=1.0)
+
+
+def _upright_wide_columns(d: _Drawn) -> None:
+    """Column labels side by side when each fits its cell, else upright (measured)."""
+    widest = max((t.get_window_extent().width for t in d.ax.get_xticklabels()), default=0.0)
+    if widest > CELL - 2:
+        d.ax.tick_params(axis="x", labelrotation=90)
 
 
 def _format_ticks(ax: Axes, integers: bool) -> None:
