@@ -10,7 +10,6 @@ bad frame, each followed by a good sample that must still be served.
 
 from __future__ import annotations
 
-import shutil
 import struct
 import subprocess
 import zlib
@@ -20,7 +19,6 @@ import numpy as np
 import pytest
 
 from deploykit.program.export import memory_order_bytes
-from deploykit.readers.boards import repo_root
 from deploykit.readers.protocol import (
     DeviceError,
     Ready,
@@ -42,30 +40,12 @@ from deploykit.readers.protocol.host_frames import (
 from deploykit.run.report import logical_order
 from deploykit.util.errors import ExitCode
 from tests.protocol_encoder import StreamEncoder
+from tests.serve import CC, F32, I8, I32, IN0_ORDER, build_standin, sample
 
-CC = shutil.which("cc") or shutil.which("gcc")
 needs_cc = pytest.mark.skipif(CC is None, reason="no host C compiler (apt-get install gcc)")
 CODE = {name: BY_NAME[name].code for name in (
     "STREAM_CRC", "STREAM_VERSION", "STREAM_TYPE", "STREAM_LENGTH", "STREAM_SHAPE",
     "STREAM_OFFSET", "STREAM_OVERRUN", "STREAM_INCOMPLETE")}
-
-# The stand-in model (tests/serve_standin.c): input 0 float32 [1, 2, 3] in dim order
-# [0, 2, 1], input 1 int8 [5]; output 0 = input 0 * 2 (same layout), output 1 = sum(input 1).
-IN0_ORDER = [0, 2, 1]
-F32, I8, I32 = 6, 1, 3
-
-
-def build_standin(out: Path, *extra: str) -> Path:
-    fw = repo_root() / "firmware"
-    exe = out / "serve-standin"
-    cmd = [CC, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-DDK_SERVE=1", *extra,
-           f"-I{fw / 'protocol'}", f"-I{fw / 'boards'}", f"-I{fw / 'boards' / 'rp2350'}",
-           str(repo_root() / "tests" / "serve_standin.c"), str(fw / "protocol" / "dk_stream.c"),
-           str(fw / "protocol" / "dk_protocol.c"), "-o", str(exe)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
-    return exe
-
 
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory) -> Path:
@@ -79,12 +59,6 @@ def device(exe: Path, script: bytes, chunk: int = 4096) -> RunRecords:
     proc = subprocess.run([str(exe), f"chunk={chunk}"], input=script, capture_output=True,
                           timeout=30, check=True)
     return decode(proc.stdout)
-
-
-def sample(k: int) -> tuple[np.ndarray, np.ndarray]:
-    in0 = (np.arange(6, dtype=np.float32).reshape(1, 2, 3) - 2.5) * (k + 1)
-    in1 = (np.arange(5, dtype=np.int8) - 2) * np.int8(k + 1)
-    return in0, in1
 
 
 def input_arrays(in0: np.ndarray, in1: np.ndarray) -> list[tuple[int, list[int], bytes]]:

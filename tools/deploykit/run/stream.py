@@ -53,6 +53,7 @@ from deploykit.readers.protocol.host_frames import (
     chunks_of,
 )
 from deploykit.run.report import as_host_dtype, logical_order
+from deploykit.run.validate import Tolerance, Verdict, compare_outputs
 from deploykit.util.errors import ConfigError, ExitCode, RunError
 
 DEFAULT_SAMPLE_TIMEOUT_S = 30.0  # one sample: sent, executed, answered (retries included)
@@ -119,6 +120,20 @@ class SampleFailed(StreamError):
         self.code = code
 
 
+@dataclass(frozen=True)
+class HostReference:
+    """Samples with the host's outputs for each, as the export computed them (the model's
+    example inputs, or the samples of a directory as for `run --inputs DIR`), and the
+    tolerance `run` compares with: `check(k, outputs)` is run's comparison for sample k."""
+
+    input_sets: list[list[np.ndarray]]  # logical layout, the dtype the program takes
+    reference_sets: list[list[np.ndarray]]
+    tolerance: Tolerance
+
+    def check(self, k: int, outputs: Sequence[np.ndarray]) -> Verdict:
+        return compare_outputs(outputs, self.reference_sets[k], self.tolerance)
+
+
 @dataclass
 class StreamStats:
     samples: int = 0  # answered
@@ -157,15 +172,18 @@ class StreamSummary:
 class StreamSession:
     """The host's side of a serve session over `link` (module docstring). `output_quant`:
     the export's dequantize parameters per output (int8 model outputs come back dequantized,
-    as the normal run compares them); None keeps the device's dtype."""
+    as the normal run compares them); None keeps the device's dtype. `reference`: samples
+    with their host outputs, for the caller to compare with (api.stream gives the export's)."""
 
     def __init__(self, link: StreamLink, *, output_quant: Sequence[Any] | None = None,
+                 reference: HostReference | None = None,
                  timeout_s: float = DEFAULT_SAMPLE_TIMEOUT_S,
                  answer_wait_s: float = DEFAULT_ANSWER_WAIT_S,
                  attempts: int = DEFAULT_ATTEMPTS, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  start_timeout_s: float = START_TIMEOUT_S) -> None:
         self.link = link
         self.output_quant = list(output_quant) if output_quant is not None else None
+        self.reference = reference
         self.timeout_s = timeout_s
         self.answer_wait_s = answer_wait_s
         self.attempts = attempts
