@@ -15,7 +15,9 @@
  * The loop is runner.cpp's serve loop: read the console, feed the parser, and on its events
  * execute (send the outputs and sample_done), answer again (replay), or end (timing, memory,
  * done). argv: `chunk=N` feeds the parser N bytes at a time (1: byte by byte); with the link,
- * the first argument is the pty's fd.
+ * the first argument is the pty's fd, `flip_in=N` / `flip_out=N` damage byte N of what the
+ * device reads / writes on the wire (counted from the start), and the link's counters are
+ * printed on stdout at the end.
  */
 #define _DEFAULT_SOURCE
 #include <stdio.h>
@@ -51,12 +53,23 @@ static long opt(int argc, char **argv, const char *key, long dflt) {
 
 #if STANDIN_LINK
 static int fd;
+static long flip_in = -1, flip_out = -1, read_total, written_total;
 static size_t port_read(void *buf, size_t len) {
   ssize_t n = read(fd, buf, len);
-  return n > 0 ? (size_t)n : 0u;
+  if (n <= 0) return 0u;
+  if (flip_in >= read_total && flip_in < read_total + n) ((uint8_t *)buf)[flip_in - read_total] ^= 0x40u;
+  read_total += n;
+  return (size_t)n;
 }
 static void port_write(const void *buf, size_t len) {
+  unsigned char copy[512];
   const unsigned char *p = buf;
+  if (flip_out >= written_total && flip_out < written_total + (long)len && len <= sizeof copy) {
+    memcpy(copy, buf, len);
+    copy[flip_out - written_total] ^= 0x40u;
+    p = copy;
+  }
+  written_total += (long)len;
   while (len) {
     ssize_t n = write(fd, p, len);
     if (n <= 0) {
@@ -102,6 +115,8 @@ static void send_outputs(void) {
 int main(int argc, char **argv) {
 #if STANDIN_LINK
   fd = atoi(argv[1]);
+  flip_in = opt(argc, argv, "flip_in", -1);
+  flip_out = opt(argc, argv, "flip_out", -1);
   dk_link_init(&port, transcript, sizeof transcript, 0u);
 #endif
   dk_send_hello("protocol=1\nboard=standin\nfirmware=executorch-runner\nserve=1\n"
@@ -113,9 +128,6 @@ int main(int argc, char **argv) {
       {DK_DTYPE_INT32, 1, out1_sizes, in1_order, sizeof out1},
   };
   dk_send_ready(ready, 2, 2);
-#if STANDIN_LINK
-  dk_link_serve_frames(); /* host frames on the link's port go to dk_link_read */
-#endif
   dk_stream_input_t inputs[2] = {
       {DK_DTYPE_FLOAT32, 3, in0_sizes, (uint8_t *)in0, sizeof in0, 0},
       {DK_DTYPE_INT8, 1, in1_sizes, (uint8_t *)in1, sizeof in1, 0},
@@ -160,6 +172,11 @@ int main(int argc, char **argv) {
       dk_link_finish();
       const uint64_t end = now_us() + (uint64_t)opt(argc, argv, "linger_ms", 3000) * 1000u;
       while (now_us() < end && !dk_link_get_stats()->acks) console_wait();
+      const dk_link_stats_t *st = dk_link_get_stats();
+      size_t kept = 0;
+      (void)dk_link_transcript(&kept);
+      printf("requests=%u acks=%u repeats=%u overflow=%u frames=%u kept=%zu\n", st->requests,
+             st->acks, st->repeats, st->overflow, st->frames, kept);
 #endif
       return 0;
     }
