@@ -262,3 +262,43 @@ def test_a_session_on_firmware_that_does_not_serve_is_refused(tmp_path):
         session(link, start_timeout_s=5.0).start()
     assert info.value.exit_code == ExitCode.CONFIG
     link.close()
+
+
+def test_runners_that_cannot_stream_say_so_before_anything_is_built(tmp_path):
+    from deploykit import api
+    from deploykit.readers.boards import load_board
+    from deploykit.run.runners import (
+        FvpRunner,
+        LinuxRunner,
+        PicoRunner,
+        QemuRunner,
+        runner_for_board,
+    )
+
+    assert QemuRunner.supports_stream and PicoRunner.supports_stream
+    assert not FvpRunner.supports_stream and not LinuxRunner.supports_stream
+    fvp = runner_for_board(load_board("corstone-300"))
+    with pytest.raises(ConfigError, match="The fvp runner cannot stream samples"):
+        fvp.open_stream(tmp_path / "dk_runner.elf", tmp_path)
+    with pytest.raises(ConfigError, match="corstone-300 runs on the fvp runner, which cannot "
+                                          "stream samples"):
+        api.stream("corstone-300", "tiny_cnn", flow="cortex_m_int8", out=tmp_path / "out",
+                   project=False)
+    assert not (tmp_path / "out" / "export").exists()
+
+
+def test_serve_firmware_is_sized_for_the_inputs_the_program_does_not_plan():
+    """The size profile's programs read their inputs in place (the plain firmware, from
+    flash): serve firmware receives them into a buffer of their size; planned outputs need
+    none."""
+    from deploykit.pipeline.stream import serve_definitions
+    from deploykit.readers.boards import repo_root
+    from deploykit.readers.pte_reader import read_pte_info
+
+    data = repo_root() / "tests" / "data"
+    pte = data / "tiny_cnn-portable_fp32-qemu-an547.pte"
+    info = read_pte_info(pte)
+    assert [t.planned for t in info.inputs] == [False] and info.outputs[0].planned
+    assert serve_definitions(pte) == {"DK_SERVE": "ON", "DK_SERVE_INPUT_BYTES": "768"}
+    assert serve_definitions(data / "mlp_mnist-cortex_m_int8-qemu-an505.pte")[
+        "DK_SERVE_INPUT_BYTES"] == str(784 * 4)
