@@ -101,7 +101,9 @@ typedef struct dk_link_stats {
   uint32_t overflow;  /* bytes written past the transcript's end (sent live only) */
   uint32_t serviced;  /* dk_link_service calls that polled */
   uint32_t deferred;  /* dk_link_service calls that found the main thread inside the link */
-  uint32_t frames;    /* host frames seen (serve firmware) */
+#if DK_SERVE
+  uint32_t frames; /* host frames seen */
+#endif
 } dk_link_stats_t;
 
 /* Starts the link over `port` with `transcript` (capacity bytes) as the record store; `used`
