@@ -436,7 +436,10 @@ uint32_t sample_failure(Error err) {
     if (pos == have) {
       have = dk_console_read(serve_rx, sizeof serve_rx);
       pos = 0;
-      if (have == 0) continue;
+      if (have == 0) {
+        dk_console_wait();  // sleeps where the board can (an mps board with console.rx_irq)
+        continue;
+      }
     }
     dk_stream_event_t ev;
     pos += dk_stream_feed(&serve_stream, serve_rx + pos, have - pos, &ev);
