@@ -16,8 +16,9 @@
  * execute (send the outputs and sample_done), answer again (replay), or end (timing, memory,
  * done). argv: `chunk=N` feeds the parser N bytes at a time (1: byte by byte); with the link,
  * the first argument is the pty's fd, `flip_in=N` / `flip_out=N` damage byte N of what the
- * device reads / writes on the wire (counted from the start), and the link's counters are
- * printed on stdout at the end.
+ * device reads / writes on the wire (counted from the start), `poll_ms=N` has the link polled
+ * (as the Pico's timer tick does) for N ms after `ready` before the loop first reads, and the
+ * link's counters are printed on stdout at the end.
  */
 #define _DEFAULT_SOURCE
 #include <stdio.h>
@@ -128,6 +129,10 @@ int main(int argc, char **argv) {
       {DK_DTYPE_INT32, 1, out1_sizes, in1_order, sizeof out1},
   };
   dk_send_ready(ready, 2, 2);
+#if STANDIN_LINK
+  for (uint64_t end = now_us() + (uint64_t)opt(argc, argv, "poll_ms", 0) * 1000u; now_us() < end;)
+    console_wait();
+#endif
   dk_stream_input_t inputs[2] = {
       {DK_DTYPE_FLOAT32, 3, in0_sizes, (uint8_t *)in0, sizeof in0, 0},
       {DK_DTYPE_INT8, 1, in1_sizes, (uint8_t *)in1, sizeof in1, 0},

@@ -122,8 +122,10 @@ def drop(start: int, n: int) -> Fault:
 
 
 def session(link: StreamLink, **kw) -> StreamSession:
-    kw.setdefault("timeout_s", 10.0)
-    kw.setdefault("answer_wait_s", 0.3)
+    """A session whose timed retries a loaded machine does not set off (the tests count what
+    the damage they make costs), unless a test asks for a short wait."""
+    kw.setdefault("timeout_s", 30.0)
+    kw.setdefault("answer_wait_s", 5.0)
     return StreamSession(link, **kw)
 
 
@@ -203,7 +205,8 @@ def test_a_lost_or_damaged_answer_is_asked_for_again(standin, what):
     fault = {"lost answer": drop(done[0], done[2]),
              "damaged output chunk": flip(tensor[0] + 30),
              "damaged answer": flip(done[0] + 14)}[what]
-    s, answers = serve(PipeLink(standin, from_device=fault))
+    # Nothing tells the host that an answer was lost whole: it asks again after the wait.
+    s, answers = serve(PipeLink(standin, from_device=fault), answer_wait_s=0.3)
     check(answers)  # sample 1 answered again from the device's last run, not executed again
     summary = s.close()
     assert summary.stats.runs_resent >= 1 and summary.stats.samples_resent == 0

@@ -24,7 +24,6 @@ static dk_link_stats_t g_stats;
 /* Inside the link: dk_link_service (an interrupt) must not enter. */
 static volatile int g_busy;
 #if DK_SERVE
-static int g_frames;           /* host bytes are (also) the firmware's: it reads them */
 static int g_live;             /* a host frame arrived: writes go out, not to the transcript */
 static uint8_t g_fm;           /* bytes of a host frame's magic matched */
 static uint8_t g_fh[9];        /* the frame's header after the magic: version..length */
@@ -62,7 +61,7 @@ void dk_link_init(const dk_link_port_t *port, uint8_t *transcript, size_t capaci
   g_complete_us = 0;
   memset(&g_stats, 0, sizeof g_stats);
 #if DK_SERVE
-  g_frames = g_live = 0;
+  g_live = 0;
   g_fm = g_fh_n = 0;
   g_frame_left = 0;
   g_ring_head = g_ring_len = 0;
@@ -103,16 +102,19 @@ static void dk_link_marker_byte(uint8_t b) {
 }
 
 #if DK_SERVE
-/* Serve firmware: every host byte goes to the firmware's ring; a host frame's bytes bypass the
- * recognizer (the frame takes priority), the others also go through it. */
-static void dk_link_rx_byte(uint8_t b) {
-  if (!g_frames) {
-    dk_link_marker_byte(b);
-    return;
-  }
+static void dk_link_ring_put(uint8_t b) {
+  if (g_ring_len == DK_LINK_RX_BYTES) return; /* cannot happen (dk_link_room) */
   g_ring[(g_ring_head + g_ring_len) % DK_LINK_RX_BYTES] = b;
   g_ring_len++;
+}
+
+/* Serve firmware: the bytes of a host frame, from its magic to its CRC, go to the firmware's
+ * ring and never through the REQUEST/ACK recognizer (the frame takes priority); every other
+ * byte goes through the recognizer only (the firmware's parser would skip it anyway). */
+static void dk_link_rx_byte(uint8_t b) {
+  static const uint8_t magic[3] = {0xA5u, (uint8_t)'D', (uint8_t)'K'};
   if (g_fm == 3u) { /* inside a frame */
+    dk_link_ring_put(b);
     if (g_fh_n < sizeof g_fh) {
       g_fh[g_fh_n++] = b;
       if (g_fh_n == sizeof g_fh) {
@@ -126,9 +128,9 @@ static void dk_link_rx_byte(uint8_t b) {
     }
     return;
   }
-  static const uint8_t magic[3] = {0xA5u, (uint8_t)'D', (uint8_t)'K'};
   if (b == magic[g_fm]) {
-    if (++g_fm == 3u) { /* a host frame: its bytes are not link commands */
+    if (++g_fm == 3u) { /* a host frame: its magic, then its bytes, are the firmware's */
+      for (size_t i = 0; i < sizeof magic; ++i) dk_link_ring_put(magic[i]);
       g_fh_n = 0u;
       g_rx_n = 0u;
       g_live = 1;
@@ -141,11 +143,13 @@ static void dk_link_rx_byte(uint8_t b) {
   dk_link_marker_byte(b);
 }
 
-/* Room for host bytes: none while the firmware has not read what is kept. */
+/* How many bytes to read from the port: n bytes put at most n + 2 per frame they start (a
+ * frame's magic goes in whole when its third byte arrives; a frame is 16 bytes at least) into
+ * the ring, so half its room is always safe. */
 static size_t dk_link_room(size_t want) {
-  if (!g_frames) return want;
   const size_t room = DK_LINK_RX_BYTES - g_ring_len;
-  return room < want ? room : want;
+  if (room < 8u) return 0u;
+  return room / 2u < want ? room / 2u : want;
 }
 #else
 static void dk_link_rx_byte(uint8_t b) { dk_link_marker_byte(b); }
@@ -299,7 +303,6 @@ void dk_link_serve_forever(void) {
 size_t dk_link_read(void *buf, size_t len) {
   if (g_port == NULL || g_fault_mode) return 0u;
   const int was = dk_link_enter();
-  g_frames = 1;
   if (g_ring_len == 0u) dk_link_poll_inside();
   uint8_t *out = (uint8_t *)buf;
   size_t n = 0u;

@@ -32,10 +32,13 @@
  * interrupted, polls again itself as soon as it writes.
  *
  * Serve firmware (DK_SERVE; docs/pico2.md "Serve firmware on the link") takes samples as host
- * frames (docs/protocol.md "Host -> device") on the same port. Once the firmware reads the port
- * (dk_link_read), every byte the host sends is also handed to it, and the bytes of a
- * host frame (magic A5 'D' 'K', its header, its length's payload and CRC) bypass the REQUEST/ACK
- * recognizer: a 16 'D' 'K' inside a sample's data is data, not a command. The first host frame
+ * frames (docs/protocol.md "Host -> device") on the same port. The link tracks them: the bytes
+ * of a host frame (magic A5 'D' 'K', its header, its length's payload and CRC) go to the
+ * firmware (dk_link_read) and bypass the REQUEST/ACK recognizer, so a 16 'D' 'K' inside a
+ * sample's data is data, not a command; every other byte goes to the recognizer as before.
+ * Frame bytes wait in a small ring until the firmware reads them (also those read from the
+ * timer tick before the firmware's first read), and while it is full the link reads no more
+ * from the port (USB holds the bytes; the host sends a sample and waits). The first host frame
  * also makes the link live-only: what the firmware writes from then on (the answers, sample
  * after sample) goes out at once and is not kept, so a long session never fills the
  * transcript; the transcript keeps what came before (hello, ready), which a new REQUEST still
@@ -130,9 +133,8 @@ __attribute__((noreturn))
 void dk_link_serve_forever(void);
 
 #if DK_SERVE
-/* Serve firmware: non-blocking, copies at most `len` host bytes for the firmware into `buf`
- * (polling the port when none are kept), returns how many. The first call makes host frames on
- * the port the firmware's (see above). */
+/* Serve firmware: non-blocking, copies at most `len` bytes of host frames into `buf` (polling
+ * the port when none are kept), returns how many. */
 size_t dk_link_read(void *buf, size_t len);
 #endif
 
