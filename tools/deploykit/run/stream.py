@@ -367,10 +367,11 @@ class StreamSession:
         while True:
             now = time.monotonic()
             if now >= deadline or run_sends > 2 * self.attempts:
+                waited = self.timeout_s - (deadline - now)
                 raise SampleTimeout(
-                    f"sample {k}: no answer from {self.link.description} in "
-                    f"{self.timeout_s:g} s ({sample_sends} send(s) of the sample, {run_sends} "
-                    f"of its run; received: {self._run_records().summary()}).",
+                    f"sample {k}: no answer from {self.link.description} in {waited:.1f} s "
+                    f"({sample_sends} send(s) of the sample, {run_sends} of its run; "
+                    f"received: {self._run_records().summary()}).",
                     "The firmware hangs or runs slower than the limit: give a longer "
                     f"timeout. {self._log_hint()}".strip(),
                     exit_code=ExitCode.TIMEOUT, sample=k)
