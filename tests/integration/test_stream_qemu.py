@@ -32,10 +32,14 @@ def write_samples(directory, shape: tuple[int, ...], seed: int) -> None:
 
 @pytest.mark.parametrize(("board", "model", "flow"), CASES)
 def test_streamed_samples_match_the_host(tmp_path, board, model, flow):
+    from tests.unit.test_layout import ONCE_EACH, counted_resolvers
+
     shape = {"tiny_cnn": (1, 3, 8, 8), "mlp_mnist": (1, 784)}[model]
     write_samples(tmp_path / "samples", shape, seed=len(model))
-    session = api.stream(board, model, flow=flow, out=tmp_path / "out",
-                         inputs=tmp_path / "samples", timeout=300, project=False)
+    with counted_resolvers() as calls:  # the build path resolves the target once, as run does
+        session = api.stream(board, model, flow=flow, out=tmp_path / "out",
+                             inputs=tmp_path / "samples", timeout=300, project=False)
+    assert dict(calls) == ONCE_EACH
     with session:
         assert session.hello.fields["serve"] == "1" and "inputs_sha256" not in session.hello.fields
         ref = session.reference
