@@ -21,6 +21,9 @@ from deploykit.readers.protocol.records import (
     MAGIC,
     MAX_PAYLOAD,
     NPU_HEAD_STRUCT,
+    READY_HEAD_STRUCT,
+    READY_TENSOR_STRUCT,
+    SAMPLE_DONE_STRUCT,
     SCALAR_TYPES,
     SEQ_MODULO,
     TENSOR_HEAD_STRUCT,
@@ -131,6 +134,21 @@ def trace_summary_payload(execute_ticks: int, tracer_ticks: int, events: int,
     return TRACE_SUMMARY_STRUCT.pack(execute_ticks, tracer_ticks, events, iterations)
 
 
+def ready_payload(inputs: Sequence[tuple[int, Sequence[int], Sequence[int]]],
+                  outputs: Sequence[tuple[int, Sequence[int], Sequence[int]]]) -> bytes:
+    """Each tensor as (dtype code, sizes, dim order); nbytes from the dtype."""
+    out = bytearray(READY_HEAD_STRUCT.pack(len(inputs), len(outputs)))
+    for code, sizes, order in (*inputs, *outputs):
+        nbytes = int(np.prod(sizes, dtype=np.int64)) * SCALAR_TYPES[code].itemsize
+        out += READY_TENSOR_STRUCT.pack(code, len(sizes), nbytes)
+        out += struct.pack(f"<{len(sizes)}i", *sizes) + bytes(order)
+    return bytes(out)
+
+
+def sample_done_payload(sample: int, status: int, ticks: int, run_seq: int) -> bytes:
+    return SAMPLE_DONE_STRUCT.pack(sample, status, ticks, run_seq, 0)
+
+
 class StreamEncoder:
     """Encodes a device's record stream, numbering seq and counting records like firmware."""
 
@@ -191,6 +209,15 @@ class StreamEncoder:
                       iterations: int) -> bytes:
         return self.frame(RecordType.TRACE_SUMMARY, trace_summary_payload(
             execute_ticks, tracer_ticks, events, iterations))
+
+    def ready(self, inputs: Sequence[tuple[int, Sequence[int], Sequence[int]]],
+              outputs: Sequence[tuple[int, Sequence[int], Sequence[int]]]) -> bytes:
+        return self.frame(RecordType.READY, ready_payload(inputs, outputs))
+
+    def sample_done(self, sample: int, status: int = 0, ticks: int = 0,
+                    run_seq: int = 0) -> bytes:
+        return self.frame(RecordType.SAMPLE_DONE,
+                          sample_done_payload(sample, status, ticks, run_seq))
 
     def done(self, status: int = 0) -> bytes:
         return self.frame(RecordType.DONE, done_payload(status, self.count))

@@ -36,6 +36,12 @@ void dk_console_write(const void *data, size_t len);
  * nothing is waiting or the board has no console input). */
 size_t dk_console_read(void *buf, size_t len);
 
+/* Serve firmware (DK_SERVE): waits until console input may have arrived, after dk_console_read
+ * returned nothing; it may return early (any interrupt), and returns at once on a board that
+ * cannot wait for input. On the mps family with the receiver's interrupt in the board file
+ * (console.rx_irq) the core sleeps in WFI, and the tick counter does not advance meanwhile. */
+void dk_console_wait(void);
+
 /* Monotonic 64-bit tick counter since dk_board_init(), at dk_tick_hz() ticks per second. */
 uint64_t dk_ticks(void);
 uint32_t dk_tick_hz(void);

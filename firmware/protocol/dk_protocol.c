@@ -249,4 +249,43 @@ int dk_send_record_parts(uint8_t type, const dk_part_t *parts, size_t count) {
 }
 #endif
 
+#if DK_SERVE
+int dk_send_ready(const dk_ready_tensor_t *tensors, uint16_t inputs, uint16_t outputs) {
+  size_t total = 4u;
+  const size_t count = (size_t)inputs + outputs;
+  for (size_t i = 0u; i < count; ++i) total += 6u + 5u * tensors[i].ndim;
+  if (total > DK_PROTOCOL_MAX_PAYLOAD) return -1;
+  uint8_t b[6];
+  uint8_t *p = dk_put_u16(b, inputs);
+  (void)dk_put_u16(p, outputs);
+  dk_frame_begin(DK_REC_READY, (uint32_t)total);
+  dk_frame_put(b, 4u);
+  for (size_t i = 0u; i < count; ++i) {
+    const dk_ready_tensor_t *t = &tensors[i];
+    b[0] = t->dtype;
+    b[1] = t->ndim;
+    (void)dk_put_u32(b + 2, t->nbytes);
+    dk_frame_put(b, 6u);
+    for (uint8_t d = 0u; d < t->ndim; ++d) {
+      uint8_t v[4];
+      (void)dk_put_u32(v, (uint32_t)t->sizes[d]);
+      dk_frame_put(v, sizeof v);
+    }
+    dk_frame_put(t->dim_order, t->ndim);
+  }
+  dk_frame_end();
+  return 0;
+}
+
+void dk_send_sample_done(uint32_t sample, uint32_t status, uint64_t ticks, uint16_t run_seq) {
+  uint8_t b[20];
+  uint8_t *p = dk_put_u32(b, sample);
+  p = dk_put_u32(p, status);
+  p = dk_put_u64(p, ticks);
+  p = dk_put_u16(p, run_seq);
+  (void)dk_put_u16(p, 0u);
+  (void)dk_send_record(DK_REC_SAMPLE_DONE, b, sizeof b);
+}
+#endif
+
 uint32_t dk_protocol_records_sent(void) { return dk_records; }

@@ -36,7 +36,10 @@ enum {
   DK_REC_TRACE_CLOCK = 10,
   DK_REC_TRACE_EVENT = 11,
   DK_REC_TRACE_TENSOR = 12,
-  DK_REC_TRACE_SUMMARY = 13
+  DK_REC_TRACE_SUMMARY = 13,
+  /* Serve firmware only (DK_SERVE, docs/protocol.md "Host -> device"). */
+  DK_REC_SAMPLE_DONE = 14,
+  DK_REC_READY = 15
 };
 
 /* `done` status values, also the program's exit code. */
@@ -148,6 +151,28 @@ typedef struct dk_part {
  * the total exceeds DK_PROTOCOL_MAX_PAYLOAD. Compiled only into profiling firmware, so that a
  * build without it stays byte-identical. */
 int dk_send_record_parts(uint8_t type, const dk_part_t *parts, size_t count);
+#endif
+
+#if DK_SERVE
+/* One tensor of a `ready` record: an input or output of the loaded method as the serve
+ * firmware takes or sends it (`sizes` and `dim_order` have `ndim` entries). */
+typedef struct dk_ready_tensor {
+  uint8_t dtype;
+  uint8_t ndim;
+  const int32_t *sizes;
+  const uint8_t *dim_order;
+  uint32_t nbytes;
+} dk_ready_tensor_t;
+
+/* `ready`: the method is loaded and the firmware serves; `tensors` holds its `inputs` inputs
+ * and then its `outputs` outputs. Returns 0, or -1 if the record would exceed the payload
+ * limit. Compiled only into serve firmware (DK_SERVE), so that other builds stay
+ * byte-identical. */
+int dk_send_ready(const dk_ready_tensor_t *tensors, uint16_t inputs, uint16_t outputs);
+
+/* `sample_done`: the answer to a host `run` frame (seq `run_seq`): the sample, its status (0,
+ * or the code of the error record sent before it) and the ticks its execute() took. */
+void dk_send_sample_done(uint32_t sample, uint32_t status, uint64_t ticks, uint16_t run_seq);
 #endif
 
 /* Records sent since boot (not wrapped, unlike seq). */

@@ -26,6 +26,13 @@
  * --debug-intermediates): the method runs with deploykit's streaming EventTracer, which sends
  * each operator's event (and, with DK_TRACE_INTERMEDIATES, its output tensors) as it happens; a
  * `trace_summary` record follows `timing`. Without it this file compiles to what it always did.
+ *
+ * Serve firmware (DK_SERVE=1, deploykit's api.stream; docs/firmware.md "Serve firmware"): no
+ * embedded inputs run; after loading the method it sends a `ready` record and serves samples
+ * the host sends as host frames on the console (docs/protocol.md "Host -> device", parser
+ * ../protocol/dk_stream.c): each `run` executes the inputs received and answers with the
+ * outputs and a `sample_done`; `end` sends the totals (timing, memory) and done. A failed
+ * execute() or a rejected frame is reported and the firmware serves on.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -58,6 +65,9 @@
 #if DK_PROFILE_EVENTS
 #include "event_tracer.h"
 #endif
+#if DK_SERVE
+#include "dk_stream.h"
+#endif
 
 using executorch::aten::ScalarType;
 using executorch::aten::Tensor;
@@ -80,6 +90,12 @@ using executorch::runtime::TensorInfo;
 #endif
 #ifndef DK_PROFILE_EVENTS
 #define DK_PROFILE_EVENTS 0
+#endif
+#ifndef DK_SERVE
+#define DK_SERVE 0
+#endif
+#if DK_SERVE && DK_PROFILE_EVENTS
+#error "serve firmware (DK_SERVE) is not built with the profiling tracer (DK_PROFILE_EVENTS)"
 #endif
 
 #ifndef DK_ET_RUNTIME_KEY
@@ -224,6 +240,7 @@ bool protocol_dtype(ScalarType t) {
   }
 }
 
+#if !DK_SERVE  // serve firmware receives its inputs (serve_setup)
 void set_inputs(Method &method, const MethodMeta &meta, size_t set) {
   if (meta.num_inputs() != DK_NUM_INPUTS) fail(DK_ERR_INPUT, "model_io.h: wrong number of inputs");
   for (size_t i = 0; i < DK_NUM_INPUTS; ++i) {
@@ -250,6 +267,7 @@ void set_inputs(Method &method, const MethodMeta &meta, size_t set) {
     if (err != Error::Ok) fail_et(err, "set_input");
   }
 }
+#endif
 
 // Output i of input set k goes out as tensor index k * outputs + i (docs/protocol.md).
 void send_outputs(const Method &method, size_t set) {
@@ -274,7 +292,13 @@ void send_hello() {
   Text t(buf, sizeof buf);
   const size_t kernels = executorch::runtime::get_registered_kernels().size();
   t << "protocol=1\nboard=" << DK_BOARD_NAME << "\nfirmware=executorch-runner\npte_sha256="
-    << DK_PTE_SHA256 << "\ninputs_sha256=" << DK_INPUTS_SHA256 << "\net_commit=" << DK_ET_COMMIT
+    << DK_PTE_SHA256
+#if DK_SERVE
+    << "\nserve=1\ninput_protocol=" << DK_STREAM_VERSION  // samples come over the console
+#else
+    << "\ninputs_sha256=" << DK_INPUTS_SHA256
+#endif
+    << "\net_commit=" << DK_ET_COMMIT
     << "\nbuild=" << DK_BUILD_INFO << "\net_runtime=" << DK_ET_RUNTIME_KEY
     << "\nkernels=" << static_cast<uint32_t>(kernels) << "/"
     << static_cast<uint32_t>(DK_MAX_KERNEL_NUM) << "\nbackends=";
@@ -304,6 +328,148 @@ void check_backends(const MethodMeta &meta) {
     fail(DK_ERR_NO_BACKEND, t.c_str());
   }
 }
+
+#if DK_SERVE
+/* ---- serve firmware ---- */
+#ifndef DK_SERVE_INPUT_BYTES
+#define DK_SERVE_INPUT_BYTES 0
+#endif
+/* Inputs the program does not plan (read in place from flash by the normal firmware) are
+ * received here, each on 16 bytes; planned inputs are received straight into the planned
+ * buffer, where the method reads them. deploykit sizes it from the .pte (DK_SERVE_INPUT_BYTES). */
+DK_POOL_ATTR uint8_t serve_input_pool[DK_POOL_BYTES(DK_SERVE_INPUT_BYTES)];
+constexpr size_t kServeInputs = DK_NUM_INPUTS > 0u ? DK_NUM_INPUTS : 1u;
+constexpr size_t kServeOutputs = DK_NUM_OUTPUTS > 0u ? DK_NUM_OUTPUTS : 1u;
+
+/* The serve loop's state is static, not on the stack: execute() runs below the loop's frame,
+ * and the stack is fitted to the normal firmware's peak (the margin is not for this). */
+dk_stream_input_t serve_inputs[kServeInputs];
+dk_stream_t serve_stream;
+uint8_t serve_rx[64];
+
+[[noreturn]] void fail_inputs(const char *what, size_t index) {
+  char buf[96];
+  Text t(buf, sizeof buf);
+  t << what << " " << static_cast<uint32_t>(index);
+  fail(DK_ERR_SERVE_INPUTS, t.c_str());
+}
+
+/* Where each input's bytes go, and the `ready` record: the method's inputs and outputs. Not
+ * inlined, so that its frame is gone before the first execute(). */
+__attribute__((noinline)) void serve_setup(Method &method, const MethodMeta &meta) {
+  const size_t n_in = meta.num_inputs(), n_out = meta.num_outputs();
+  if (n_in > DK_NUM_INPUTS) fail_inputs("more inputs than model_config.h: input", n_in - 1u);
+  if (n_out > DK_NUM_OUTPUTS) fail_inputs("more outputs than model_config.h: output", n_out - 1u);
+  dk_ready_tensor_t ready[kServeInputs + kServeOutputs];
+  size_t pool_used = 0;
+  for (size_t i = 0; i < n_in; ++i) {
+    Result<TensorInfo> info = meta.input_tensor_meta(i);
+    if (!info.ok()) fail_inputs("not a tensor: input", i);
+    Span<const int32_t> sizes = info->sizes();
+    if (sizes.size() > DK_STREAM_MAX_NDIM) fail_inputs("rank over 8: input", i);
+    uint8_t *data = nullptr;
+    if (info->is_memory_planned()) {
+      // The method's own tensor, in the planned buffer. ExecuTorch deprecates reaching it this
+      // way in favour of set_input, which would need the sample in a buffer of its own first.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+      data = method.mutable_input(i).toTensor().mutable_data_ptr<uint8_t>();
+#pragma GCC diagnostic pop
+    } else {
+      if (pool_used + info->nbytes() > DK_SERVE_INPUT_BYTES)
+        fail_inputs("the serve input pool (DK_SERVE_INPUT_BYTES) is too small for input", i);
+      data = serve_input_pool + pool_used;
+      pool_used += (info->nbytes() + 15u) & ~size_t(15u);
+      // The method reads this input in place, from the pool: set it once.
+      TensorImpl impl(info->scalar_type(), static_cast<ssize_t>(sizes.size()),
+                      const_cast<TensorImpl::SizesType *>(sizes.data()), data,
+                      const_cast<TensorImpl::DimOrderType *>(info->dim_order().data()));
+      Error err = method.set_input(EValue(Tensor(&impl)), i);
+      if (err != Error::Ok) fail_et(err, "set_input");
+    }
+    serve_inputs[i] = {static_cast<uint8_t>(info->scalar_type()),
+                       static_cast<uint8_t>(sizes.size()), sizes.data(), data,
+                       static_cast<uint32_t>(info->nbytes()), 0u};
+    ready[i] = {static_cast<uint8_t>(info->scalar_type()), static_cast<uint8_t>(sizes.size()),
+                sizes.data(), info->dim_order().data(), static_cast<uint32_t>(info->nbytes())};
+  }
+  for (size_t i = 0; i < n_out; ++i) {
+    Result<TensorInfo> info = meta.output_tensor_meta(i);
+    if (!info.ok()) fail(DK_ERR_NOT_TENSOR, "output is not a tensor");
+    if (!protocol_dtype(info->scalar_type()) || info->sizes().size() > 255u)
+      fail(DK_ERR_OUTPUT_DTYPE, "output dtype or rank the protocol cannot carry");
+    ready[n_in + i] = {static_cast<uint8_t>(info->scalar_type()),
+                       static_cast<uint8_t>(info->sizes().size()), info->sizes().data(),
+                       info->dim_order().data(), static_cast<uint32_t>(info->nbytes())};
+  }
+  if (dk_send_ready(ready, static_cast<uint16_t>(n_in), static_cast<uint16_t>(n_out)) != 0)
+    fail(DK_ERR_SEND, "ready record refused by the encoder");
+  dk_stream_init(&serve_stream, serve_inputs, static_cast<uint16_t>(n_in));
+}
+
+/* A failed execute() of one sample: its error record, and the code its sample_done carries. */
+uint32_t sample_failure(Error err) {
+  char buf[160];
+  Text t(buf, sizeof buf);
+  if (temp_allocator.failed_request() != 0) {
+    t << "temp_pool too small: " << kTempPoolBytes << " B, a request for "
+      << static_cast<uint32_t>(temp_allocator.failed_request()) << " B did not fit";
+    dk_send_error(DK_ERR_TEMP_POOL, t.c_str());
+    return DK_ERR_TEMP_POOL;
+  }
+#if DK_ETHOS_U
+  if (dk_npu_failure()[0] != '\0') {
+    dk_send_error(DK_ERR_NPU_RUN, dk_npu_failure());
+    return DK_ERR_NPU_RUN;
+  }
+#endif
+  dk_send_error(static_cast<uint32_t>(err), "execute failed");
+  return static_cast<uint32_t>(err);
+}
+
+[[noreturn]] void serve(Method &method, const MethodMeta &meta) {
+  serve_setup(method, meta);
+  uint64_t total_ticks = 0, last_ticks = 0;
+  uint32_t runs = 0, last_status = 0;
+  size_t have = 0, pos = 0;
+  for (;;) {
+    if (pos == have) {
+      have = dk_console_read(serve_rx, sizeof serve_rx);
+      pos = 0;
+      if (have == 0) {
+        dk_console_wait();  // sleeps where the board can (an mps board with console.rx_irq)
+        continue;
+      }
+    }
+    dk_stream_event_t ev;
+    pos += dk_stream_feed(&serve_stream, serve_rx + pos, have - pos, &ev);
+    if (ev.kind == DK_STREAM_RUN) {
+#if defined(DK_WATCHDOG_EXECUTE_MS) && DK_WATCHDOG_EXECUTE_MS > 0
+      dk_execute_watch_begin();
+#endif
+      const uint64_t t0 = dk_ticks();
+      Error err = method.execute();
+      last_ticks = dk_ticks() - t0;
+#if defined(DK_WATCHDOG_EXECUTE_MS) && DK_WATCHDOG_EXECUTE_MS > 0
+      dk_execute_watch_end();
+#endif
+      total_ticks += last_ticks;
+      runs++;
+      last_status = err == Error::Ok ? 0u : sample_failure(err);
+      if (last_status == 0u) send_outputs(method, 0);
+      dk_send_sample_done(ev.sample, last_status, last_ticks, ev.seq);
+      dk_stream_ran(&serve_stream, ev.sample);
+    } else if (ev.kind == DK_STREAM_REPLAY) {  // its answer was lost: the same again
+      if (last_status == 0u) send_outputs(method, 0);
+      dk_send_sample_done(ev.sample, last_status, last_ticks, ev.seq);
+    } else if (ev.kind == DK_STREAM_END) {
+      dk_send_timing(total_ticks, dk_tick_hz(), runs, DK_INSTRUCTIONS_UNKNOWN);
+      send_memory();
+      finish(DK_STATUS_OK);
+    }
+  }
+}
+#endif
 
 #if DK_RUNNER_HANG
 /* The hang variant (-DDK_RUNNER_HANG=ON), which tests that the host locates a hang: it spins
@@ -411,6 +577,9 @@ int main(void) {
     fail_et(method.error(), "load_method");
   }
 
+#if DK_SERVE
+  serve(*method, *meta);
+#else
   // Every input set runs through the same loaded method; only execute() is timed.
   uint64_t ticks = 0;
 #if DK_PROFILE_EVENTS
@@ -458,4 +627,5 @@ int main(void) {
 #endif
   send_memory();
   finish(DK_STATUS_OK);
+#endif
 }

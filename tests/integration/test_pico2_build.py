@@ -201,6 +201,36 @@ def test_fit_by_proxy_without_a_board(fitted_by_proxy, monkeypatch):
     assert not any("measuring" in m for m in again)
 
 
+def _ram_sections(elf) -> dict[str, int]:
+    with open(elf, "rb") as f:
+        return {s.name: s["sh_size"] for s in ELFFile(f).iter_sections() if s.name in (
+            ".ram_vectors", ".noinit", ".data", ".bss", ".heap", ".dk_pools", ".stack")}
+
+
+@requires_sources
+@requires_qemu
+def test_serve_firmware_adds_under_1_kib_besides_the_sample(fitted_by_proxy):
+    """Serve firmware (issue #28; docs/pico2.md "Serve firmware on the link") of the fitted
+    image: the link's frame handling and the serve loop add at most 1 KiB of RAM (.bss); the
+    sample's input, which the plain image reads in place from flash, is received into
+    .dk_pools (mlp_mnist's float32 [1, 784]); no other RAM section moves, pools and stack
+    being the plain image's."""
+    from deploykit.pipeline.stream import build_serve_firmware
+    from deploykit.pipeline.target import resolve_target
+
+    built, _said, out = fitted_by_proxy
+    board = load_board("pico2")
+    serve = build_serve_firmware(resolve_target("pico2", flow="cortex_m_int8"), "mlp_mnist",
+                                 out, None, lambda _m: None)
+    assert serve.firmware.elf.parent.name == "firmware-serve"
+    assert_bootable_image(serve.firmware, board)
+    plain, served = _ram_sections(built.firmware.elf), _ram_sections(serve.firmware.elf)
+    assert 0 < served[".bss"] - plain[".bss"] <= 1024
+    assert served[".dk_pools"] - plain[".dk_pools"] == 784 * 4
+    assert {k: v for k, v in served.items() if k not in (".bss", ".dk_pools")} == {
+        k: v for k, v in plain.items() if k not in (".bss", ".dk_pools")}
+
+
 def _static_ram_and_code(fw) -> tuple[int, int]:
     """(static RAM: every RAM section of the ELF, code: flash without the model and inputs)."""
     with open(fw.elf, "rb") as f:

@@ -188,7 +188,7 @@ def test_command_line_from_board_file(name, tmp_path):
                    "-serial", "tcp:127.0.0.1:4321,server=on,wait=on",
                    "-kernel", str(tmp_path / "x.elf")]
     assert QemuRunner.capabilities() == {"supports_exit_code": True, "supports_icount": True,
-                                         "is_simulator": True}
+                                         "is_simulator": True, "supports_stream": True}
 
 
 def test_runner_config_errors():

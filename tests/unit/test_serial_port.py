@@ -652,7 +652,7 @@ def test_pico_runner_is_registered_with_its_capabilities(pico2):
     assert isinstance(r, PicoRunner) and r.board is pico2
     caps = PicoRunner.capabilities()
     assert caps == {"supports_exit_code": False, "supports_icount": False,
-                    "is_simulator": False}
+                    "is_simulator": False, "supports_stream": True}
 
 
 def test_read_board_over_a_pty_found_by_list_ports(standin, pico2, tmp_path):

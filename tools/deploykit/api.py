@@ -518,6 +518,49 @@ def validate(board: str | None = None, model: str | None = None, dataset: str | 
                               max_accuracy_drop=max_accuracy_drop)
 
 
+def stream(board: str | None = None, model: str | None = None, flow: str | None = None,
+           out: Path | None = None, workspace: Path | None = None,
+           timeout: float | None = None, progress: Progress = _quiet,
+           npu_macs: int | None = None, npu_memory_mode: str | None = None,
+           runner_options: dict | None = None, profile: str | None = None,
+           fit: bool | None = None, strict: bool | None = None, *,
+           inputs: Path | None = None, atol: float | None = None, rtol: float | None = None,
+           sample_timeout: float | None = None, project: ProjectChoice = None):
+    """Samples streamed to the device (issue #28; pipeline/stream.py): serve firmware for
+    `model` on `board`, built through the usual build path (export, plan, build, in `out`),
+    started on the board's runner, with a session over its link, returned started. Use it as a
+    context manager:
+
+        with api.stream("qemu-an547", "tiny_cnn") as session:
+            outputs = session.infer([x])      # one array per model input
+        summary = session.close()             # timing, memory (close() again returns it)
+
+    `infer` returns the outputs as `run` decodes them (logical order, the host's dtype).
+    `session.reference` holds samples with the host's outputs for each and run's comparison
+    (`reference.check(k, outputs)`): the model's example inputs, or the samples of `inputs` (a
+    directory, as for run --inputs; serve firmware embeds none of them), compared with the
+    model's tolerance or `atol`/`rtol`. `timeout`: the build's measurement run and the
+    firmware's start; `sample_timeout`: each sample (default 30 s). The output directory is
+    locked while the firmware is built, not while the session runs (the runner has loaded the
+    image by then). `fit`, `strict` and the other settings: as for run."""
+    from deploykit.pipeline.stream import open_stream
+    from deploykit.run.stream import DEFAULT_SAMPLE_TIMEOUT_S
+
+    cmd = command(board, model, project=project, runs=True, flow=flow, profile=profile,
+                  strict=strict, npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit,
+                  inputs=inputs, atol=atol, rtol=rtol, timeout=timeout,
+                  **(runner_options or {}))
+    out = cmd.out(out)
+    with out_lock(out):
+        if cmd.target.profile.strict:  # the build reuses this export
+            _strict_export(cmd.target, cmd.model, out, progress)
+        return open_stream(cmd.target, cmd.model, out, workspace, progress,
+                           inputs_dir=cmd.choices.value("inputs"),
+                           fit=bool(cmd.choices.value("fit")), timeout=_timeout(cmd),
+                           sample_timeout=sample_timeout or DEFAULT_SAMPLE_TIMEOUT_S,
+                           tolerance=cmd.tolerance())
+
+
 def _timeout(cmd: Command) -> float:
     from deploykit.pipeline.project import DEFAULT_TIMEOUT_S
 

@@ -235,12 +235,21 @@ void dk_execute_watch_end(void) {
 void dk_console_write(const void *data, size_t len) { dk_link_write(data, len); }
 #endif
 
+#if DK_SERVE
+/* Serve firmware: the host's frames, which the link hands on (it keeps REQUEST/ACK). */
+size_t dk_console_read(void *buf, size_t len) { return dk_link_read(buf, len); }
+
+/* No sleep: the UART console's receiver has no interrupt here, and its FIFO must be read before
+ * it fills; dk_console_read polls the link (USB and UART bytes wait in the SDK's buffers). */
+void dk_console_wait(void) {}
+#else
 /* Host input belongs to the serial link (REQUEST/ACK); the firmware gets none. */
 size_t dk_console_read(void *buf, size_t len) {
   (void)buf;
   (void)len;
   return 0u;
 }
+#endif
 
 uint64_t dk_ticks(void) { return time_us_64(); }
 

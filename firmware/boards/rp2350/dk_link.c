@@ -23,6 +23,15 @@ static size_t g_rx_n;
 static dk_link_stats_t g_stats;
 /* Inside the link: dk_link_service (an interrupt) must not enter. */
 static volatile int g_busy;
+#if DK_SERVE
+static int g_live;             /* a host frame arrived: writes go out, not to the transcript */
+static uint8_t g_fm;           /* bytes of a host frame's magic matched */
+static uint8_t g_fh[9];        /* the frame's header after the magic: version..length */
+static uint8_t g_fh_n;         /* header bytes seen; 9: inside the payload */
+static uint32_t g_frame_left;  /* payload and CRC bytes of the current frame still to come */
+static uint8_t g_ring[DK_LINK_RX_BYTES];
+static size_t g_ring_head, g_ring_len;
+#endif
 
 /* Marks the link busy and returns what it was before (for nested entries). The fences keep the
  * compiler from moving the link's state accesses across the flag; a single core needs no more
@@ -51,10 +60,16 @@ void dk_link_init(const dk_link_port_t *port, uint8_t *transcript, size_t capaci
   g_repeats = 0;
   g_complete_us = 0;
   memset(&g_stats, 0, sizeof g_stats);
+#if DK_SERVE
+  g_live = 0;
+  g_fm = g_fh_n = 0;
+  g_frame_left = 0;
+  g_ring_head = g_ring_len = 0;
+#endif
 }
 
 /* One received byte through the REQUEST/ACK recognizer. */
-static void dk_link_rx_byte(uint8_t b) {
+static void dk_link_marker_byte(uint8_t b) {
   static const uint8_t marker[3] = {DK_LINK_MARK0, DK_LINK_MARK1, DK_LINK_MARK2};
   if (g_rx_n < 3u) {
     if (b == marker[g_rx_n]) {
@@ -86,10 +101,67 @@ static void dk_link_rx_byte(uint8_t b) {
   }
 }
 
+#if DK_SERVE
+static void dk_link_ring_put(uint8_t b) {
+  if (g_ring_len == DK_LINK_RX_BYTES) return; /* cannot happen (dk_link_room) */
+  g_ring[(g_ring_head + g_ring_len) % DK_LINK_RX_BYTES] = b;
+  g_ring_len++;
+}
+
+/* Serve firmware: the bytes of a host frame, from its magic to its CRC, go to the firmware's
+ * ring and never through the REQUEST/ACK recognizer (the frame takes priority); every other
+ * byte goes through the recognizer only (the firmware's parser would skip it anyway). */
+static void dk_link_rx_byte(uint8_t b) {
+  static const uint8_t magic[3] = {0xA5u, (uint8_t)'D', (uint8_t)'K'};
+  if (g_fm == 3u) { /* inside a frame */
+    dk_link_ring_put(b);
+    if (g_fh_n < sizeof g_fh) {
+      g_fh[g_fh_n++] = b;
+      if (g_fh_n == sizeof g_fh) {
+        const uint32_t len = (uint32_t)g_fh[5] | (uint32_t)g_fh[6] << 8 |
+                             (uint32_t)g_fh[7] << 16 | (uint32_t)g_fh[8] << 24;
+        g_frame_left = len <= 65536u ? len + 4u : 0u; /* a bogus length ends it here */
+        if (g_frame_left == 0u) g_fm = 0u;
+      }
+    } else if (--g_frame_left == 0u) {
+      g_fm = 0u;
+    }
+    return;
+  }
+  if (b == magic[g_fm]) {
+    if (++g_fm == 3u) { /* a host frame: its magic, then its bytes, are the firmware's */
+      for (size_t i = 0; i < sizeof magic; ++i) dk_link_ring_put(magic[i]);
+      g_fh_n = 0u;
+      g_rx_n = 0u;
+      g_live = 1;
+      g_stats.frames++;
+      return;
+    }
+  } else {
+    g_fm = b == magic[0] ? 1u : 0u;
+  }
+  dk_link_marker_byte(b);
+}
+
+/* How many bytes to read from the port: n bytes put at most n + 2 per frame they start (a
+ * frame's magic goes in whole when its third byte arrives; a frame is 16 bytes at least) into
+ * the ring, so half its room is always safe. */
+static size_t dk_link_room(size_t want) {
+  const size_t room = DK_LINK_RX_BYTES - g_ring_len;
+  if (room < 8u) return 0u;
+  return room / 2u < want ? room / 2u : want;
+}
+#else
+static void dk_link_rx_byte(uint8_t b) { dk_link_marker_byte(b); }
+static size_t dk_link_room(size_t want) { return want; }
+#endif
+
 static void dk_link_read_input(void) {
   uint8_t in[64];
   for (unsigned round = 0; round < 16u; ++round) {
-    const size_t n = g_port->read(in, sizeof in);
+    const size_t want = dk_link_room(sizeof in);
+    if (want == 0u) break;
+    const size_t n = g_port->read(in, want);
     if (n == 0u) break;
     for (size_t i = 0; i < n; ++i) dk_link_rx_byte(in[i]);
   }
@@ -136,6 +208,9 @@ static void dk_link_poll_inside(void) {
     g_complete_us = 0u;
   }
   dk_link_pump();
+#if DK_SERVE
+  if (g_live) return; /* the answers went out live; the stream protocol asks again itself */
+#endif
   if (g_finished && g_session && !g_acked && g_sent == g_len && g_repeats < DK_LINK_MAX_REPEATS &&
       g_complete_us != 0u &&
       g_port->now_us() - g_complete_us >= (uint64_t)DK_LINK_REPEAT_MS * 1000u) {
@@ -179,6 +254,17 @@ void dk_link_write(const void *data, size_t len) {
     return;
   }
   const int was = dk_link_enter();
+#if DK_SERVE
+  if (g_live) { /* a serve session is on: out at once, not kept */
+    dk_link_poll_inside();
+    if (g_session) {
+      dk_link_pump();
+      g_port->write(p, len);
+    }
+    dk_link_leave(was);
+    return;
+  }
+#endif
   memcpy(g_buf + g_len, p, fit);
   g_len += fit;
   if (fit == len) {
@@ -212,6 +298,23 @@ void dk_link_serve_forever(void) {
     g_port->idle();
   }
 }
+
+#if DK_SERVE
+size_t dk_link_read(void *buf, size_t len) {
+  if (g_port == NULL || g_fault_mode) return 0u;
+  const int was = dk_link_enter();
+  if (g_ring_len == 0u) dk_link_poll_inside();
+  uint8_t *out = (uint8_t *)buf;
+  size_t n = 0u;
+  while (n < len && g_ring_len) {
+    out[n++] = g_ring[g_ring_head];
+    g_ring_head = (g_ring_head + 1u) % DK_LINK_RX_BYTES;
+    g_ring_len--;
+  }
+  dk_link_leave(was);
+  return n;
+}
+#endif
 
 void dk_link_enter_fault_mode(void) { g_fault_mode = 1; }
 

@@ -31,6 +31,21 @@
  * lock: the interrupt never waits, so it cannot deadlock, and the main thread, which it
  * interrupted, polls again itself as soon as it writes.
  *
+ * Serve firmware (DK_SERVE; docs/pico2.md "Serve firmware on the link") takes samples as host
+ * frames (docs/protocol.md "Host -> device") on the same port. The link tracks them: the bytes
+ * of a host frame (magic A5 'D' 'K', its header, its length's payload and CRC) go to the
+ * firmware (dk_link_read) and bypass the REQUEST/ACK recognizer, so a 16 'D' 'K' inside a
+ * sample's data is data, not a command; every other byte goes to the recognizer as before.
+ * Frame bytes wait in a small ring until the firmware reads them (also those read from the
+ * timer tick before the firmware's first read), and while it is full the link reads no more
+ * from the port (USB holds the bytes; the host sends a sample and waits). The first host frame
+ * also makes the link live-only: what the firmware writes from then on (the answers, sample
+ * after sample) goes out at once and is not kept, so a long session never fills the
+ * transcript; the transcript keeps what came before (hello, ready), which a new REQUEST still
+ * gets, and the stream protocol itself asks again for a lost answer, so nothing is repeated
+ * after done. A fault report is appended to the transcript as ever (and served after the
+ * reboot with hello and ready before it).
+ *
  * The code is portable C11: the port (read, write, clock, idle) is given by the board, so the
  * same file runs on the RP2350 and, in the host tests, on a pty (with a signal as the timer
  * interrupt).
@@ -63,6 +78,13 @@ extern "C" {
 #ifndef DK_LINK_CHUNK_BYTES
 #define DK_LINK_CHUNK_BYTES 256u
 #endif
+#if DK_SERVE
+/* Host bytes kept for the firmware until it reads them (dk_link_read); while it is full, the
+ * link reads no more from the port (USB holds them; the host sends a sample and waits). */
+#ifndef DK_LINK_RX_BYTES
+#define DK_LINK_RX_BYTES 64u
+#endif
+#endif
 
 typedef struct dk_link_port {
   /* Non-blocking: copies at most `len` received bytes into `buf`, returns how many. */
@@ -82,6 +104,9 @@ typedef struct dk_link_stats {
   uint32_t overflow;  /* bytes written past the transcript's end (sent live only) */
   uint32_t serviced;  /* dk_link_service calls that polled */
   uint32_t deferred;  /* dk_link_service calls that found the main thread inside the link */
+#if DK_SERVE
+  uint32_t frames; /* host frames seen */
+#endif
 } dk_link_stats_t;
 
 /* Starts the link over `port` with `transcript` (capacity bytes) as the record store; `used`
@@ -106,6 +131,12 @@ void dk_link_finish(void);
 __attribute__((noreturn))
 #endif
 void dk_link_serve_forever(void);
+
+#if DK_SERVE
+/* Serve firmware: non-blocking, copies at most `len` bytes of host frames into `buf` (polling
+ * the port when none are kept), returns how many. */
+size_t dk_link_read(void *buf, size_t len);
+#endif
 
 /* Fault context: stop all I/O; later writes only append to the transcript. */
 void dk_link_enter_fault_mode(void);

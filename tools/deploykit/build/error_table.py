@@ -40,6 +40,7 @@ class ErrorEntry:
     done_status: int
     advice: str
     pool: str | None
+    sample: bool = False  # serve firmware: one rejected frame or sample; the device serves on
 
 
 def load_entries(path: Path = DATA_FILE) -> list[ErrorEntry]:
@@ -62,7 +63,8 @@ def load_entries(path: Path = DATA_FILE) -> list[ErrorEntry]:
 
 
 def _entry(source: str, raw: dict[str, Any]) -> ErrorEntry:
-    unknown = set(raw) - {"code", "name", "meaning", "class", "status", "advice", "pool"}
+    unknown = set(raw) - {"code", "name", "meaning", "class", "status", "advice", "pool",
+                          "sample"}
     if unknown:
         raise ValueError(f"error table entry {raw.get('name')}: unknown keys {sorted(unknown)}")
     exit_class = raw.get("class", DEFAULT_CLASS)
@@ -82,6 +84,7 @@ def _entry(source: str, raw: dict[str, Any]) -> ErrorEntry:
         done_status=status,
         advice=" ".join(str(raw.get("advice", "")).split()),
         pool=raw.get("pool"),
+        sample=bool(raw.get("sample", False)),
     )
 
 

@@ -68,6 +68,9 @@ class PteTensor:
     sizes: list[int]
     dim_order: list[int]  # [0, 2, 3, 1] = NHWC memory for a logical NCHW tensor
     scalar_type: int  # ExecuTorch ScalarType code
+    # In a planned buffer (the program's memory plan gave it room; the runtime copies an input
+    # there), or not (the runtime reads or writes it where the caller's data lies).
+    planned: bool = True
 
     @property
     def nbytes(self) -> int:
@@ -91,7 +94,7 @@ def io_tensor(plan: Any, index: int, source: str) -> PteTensor:
     st = int(v.scalar_type)
     return PteTensor(dtype=scalar_type_name(st),
                      sizes=[int(s) for s in v.sizes], dim_order=[int(d) for d in v.dim_order],
-                     scalar_type=st)
+                     scalar_type=st, planned=v.allocation_info is not None)
 
 
 @dataclass

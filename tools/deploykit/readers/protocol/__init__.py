@@ -2,10 +2,11 @@
 
 - `records`: frame constants, payload layouts and the record types;
 - `decoder`: the streaming `Decoder`, its `DecodeStats`, and `RunRecords` (one run's records);
-- `outcome`: how a run ended, as an `Outcome` with the CLI's exit code.
+- `outcome`: how a run ended, as an `Outcome` with the CLI's exit code;
+- `host_frames`: the host -> device frames the host sends to serve firmware (samples to run).
 
-The reference encoder is test code (`tests/protocol_encoder.py`): nothing in deploykit sends
-records, the firmware does.
+The reference encoder of device records is test code (`tests/protocol_encoder.py`): nothing in
+deploykit sends device records, the firmware does.
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ from deploykit.readers.protocol.records import (
     Log,
     Memory,
     NpuRun,
+    Ready,
     Record,
     RecordType,
+    SampleDone,
     Tensor,
+    TensorSpec,
     Timing,
 )
 
@@ -45,6 +49,7 @@ __all__ = [
     "CFSR_BITS", "CRC_SIZE", "DEFAULT_MAX_TENSOR_BYTES", "FAULT_REGISTERS", "HEADER_SIZE",
     "HFSR_BITS", "MAGIC", "MAX_PAYLOAD", "NPU_HEAD_STRUCT", "SCALAR_TYPES", "SCALAR_TYPE_NAMES",
     "SEQ_MODULO", "UINT64_MAX", "VERSION", "DecodeStats", "Decoder", "DeviceError", "Done",
-    "DoneStatus", "Fault", "Hello", "Log", "Memory", "NpuRun", "Outcome", "Record", "RecordType",
-    "RunRecords", "Tensor", "Timing", "classify", "decode",
+    "DoneStatus", "Fault", "Hello", "Log", "Memory", "NpuRun", "Outcome", "Ready", "Record",
+    "RecordType", "RunRecords", "SampleDone", "Tensor", "TensorSpec", "Timing", "classify",
+    "decode",
 ]

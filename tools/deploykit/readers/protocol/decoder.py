@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from deploykit.readers.protocol.error_codes import CODES
 from deploykit.readers.protocol.outcome import Outcome, classify
 from deploykit.readers.protocol.records import (
     CRC_SIZE,
@@ -43,6 +44,9 @@ from deploykit.readers.protocol.records import (
     MAGIC,
     MAX_PAYLOAD,
     NPU_HEAD_STRUCT,
+    READY_HEAD_STRUCT,
+    READY_TENSOR_STRUCT,
+    SAMPLE_DONE_STRUCT,
     SCALAR_TYPE_NAMES,
     SCALAR_TYPES,
     SEQ_MODULO,
@@ -62,9 +66,12 @@ from deploykit.readers.protocol.records import (
     Log,
     Memory,
     NpuRun,
+    Ready,
     Record,
     RecordType,
+    SampleDone,
     Tensor,
+    TensorSpec,
     Timing,
     TraceClock,
     TraceEvent,
@@ -471,6 +478,12 @@ class Decoder:
         if rtype == RecordType.TRACE_SUMMARY:
             _exact(p, TRACE_SUMMARY_STRUCT.size, "trace_summary")
             return [TraceSummary(*TRACE_SUMMARY_STRUCT.unpack(p), seq=seq)]
+        if rtype == RecordType.SAMPLE_DONE:
+            _exact(p, SAMPLE_DONE_STRUCT.size, "sample_done")
+            sample, status, ticks, run_seq, _ = SAMPLE_DONE_STRUCT.unpack(p)
+            return [SampleDone(sample, status, ticks, run_seq, seq=seq)]
+        if rtype == RecordType.READY:
+            return [_ready(p, seq)]
         st = self.stats
         st.unknown_records[rtype] = st.unknown_records.get(rtype, 0) + 1
         st._note(f"seq {seq}: unknown record type {rtype} ({len(p)} bytes) skipped")
@@ -533,6 +546,34 @@ class Decoder:
         self.stats._note(f"seq {seq}: tensor {index}: {why}; reassembly restarted")
 
 
+def _ready(p: bytes, seq: int) -> Ready:
+    if len(p) < READY_HEAD_STRUCT.size:
+        raise _Malformed(f"ready payload is {len(p)} bytes, needs at least 4")
+    n_in, n_out = READY_HEAD_STRUCT.unpack_from(p)
+    specs = []
+    i = READY_HEAD_STRUCT.size
+    for k in range(n_in + n_out):
+        if i + READY_TENSOR_STRUCT.size > len(p):
+            raise _Malformed(f"ready: tensor {k} runs past the payload")
+        dtype, ndim, nbytes = READY_TENSOR_STRUCT.unpack_from(p, i)
+        i += READY_TENSOR_STRUCT.size
+        if i + 5 * ndim > len(p):
+            raise _Malformed(f"ready: tensor {k} runs past the payload")
+        sizes = struct.unpack_from(f"<{ndim}i", p, i)
+        order = tuple(p[i + 4 * ndim:i + 5 * ndim])
+        i += 5 * ndim
+        if sorted(order) != list(range(ndim)):
+            raise _Malformed(f"ready: tensor {k}: dim order {list(order)} is no permutation")
+        dt = SCALAR_TYPES.get(dtype)
+        if dt is not None and nbytes != math.prod(sizes) * dt.itemsize:
+            raise _Malformed(f"ready: tensor {k}: {nbytes} bytes for {SCALAR_TYPE_NAMES[dtype]} "
+                             f"{list(sizes)}")
+        specs.append(TensorSpec(dtype, tuple(sizes), order, nbytes))
+    if i != len(p):
+        raise _Malformed(f"ready payload has {len(p) - i} byte(s) after its tensors")
+    return Ready(tuple(specs[:n_in]), tuple(specs[n_in:]), seq=seq)
+
+
 def _exact(p: bytes, size: int, name: str) -> None:
     if len(p) != size:
         raise _Malformed(f"{name} payload is {len(p)} bytes, expected {size}")
@@ -562,12 +603,19 @@ class RunRecords:
     trace_events: list[TraceEvent] = field(default_factory=list)
     trace_tensors: list[TraceTensor] = field(default_factory=list)
     trace_summary: TraceSummary | None = None
+    # Serve firmware (docs/protocol.md, "Host -> device"): the method it serves, its answers to
+    # `run` frames, and the error records that belong to one frame or sample (a rejected host
+    # frame, a sample that failed; the device served on), apart from `errors`, which end a run.
+    ready: Ready | None = None
+    sample_dones: list[SampleDone] = field(default_factory=list)
+    sample_errors: list[DeviceError] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
 
     @classmethod
     def build(cls, records: Iterable[Record], stats: DecodeStats | None = None) -> RunRecords:
         run = cls(stats=stats if stats is not None else DecodeStats())
+        pending: list[DeviceError] = []  # errors not yet followed by a sample_done
         for r in records:
             run.records.append(r)
             if isinstance(r, Hello):
@@ -584,7 +632,8 @@ class RunRecords:
                 merged.update(r.entries)
                 run.memory = Memory(merged, seq=r.seq)
             elif isinstance(r, DeviceError):
-                run.errors.append(r)
+                entry = CODES.get(r.code)
+                (run.sample_errors if entry is not None and entry.sample else pending).append(r)
             elif isinstance(r, Fault):
                 if run.fault is None:
                     run.fault = r
@@ -603,6 +652,14 @@ class RunRecords:
                 run.trace_tensors.append(r)
             elif isinstance(r, TraceSummary):
                 run.trace_summary = r
+            elif isinstance(r, Ready):
+                run.ready = r
+            elif isinstance(r, SampleDone):
+                # An error right before a sample's answer was that sample's failure.
+                run.sample_dones.append(r)
+                run.sample_errors.extend(pending)
+                pending.clear()
+        run.errors.extend(pending)
         return run
 
     def summary(self) -> str:
@@ -627,6 +684,9 @@ class RunRecords:
             parts.append(f"{len(self.errors)} error(s), last code {e.code} {e.message[:60]!r}")
         if self.fault:
             parts.append("fault")
+        if self.ready:
+            parts.append(f"ready, {len(self.sample_dones)} sample(s) answered, "
+                         f"{len(self.sample_errors)} per-sample error(s)")
         parts.append(f"done(status={self.done.status})" if self.done else "no done")
         s = self.stats
         parts.append(f"{s.noise_bytes} noise byte(s), {s.corrupted_frames} corrupted, "

@@ -36,6 +36,10 @@ TRACE_CLOCK_STRUCT = struct.Struct("<BBHIIII")  # kind, debug level, 0, hz, cost
 TRACE_EVENT_STRUCT = struct.Struct("<iIiQQB")  # chain, debug handle, delegate id, start, end, n
 TRACE_TENSOR_PREFIX_STRUCT = struct.Struct("<iIHBB")  # chain, debug handle, ordinal, kind, 0
 TRACE_SUMMARY_STRUCT = struct.Struct("<QQII")  # execute ticks, tracer ticks, events, iterations
+# Serve firmware only (docs/protocol.md, "Host -> device").
+SAMPLE_DONE_STRUCT = struct.Struct("<IIQHH")  # sample, status, ticks, run frame's seq, 0
+READY_HEAD_STRUCT = struct.Struct("<HH")  # inputs, outputs
+READY_TENSOR_STRUCT = struct.Struct("<BBI")  # dtype, ndim, nbytes; then sizes, dim order
 
 
 class RecordType(IntEnum):
@@ -52,6 +56,8 @@ class RecordType(IntEnum):
     TRACE_EVENT = 11
     TRACE_TENSOR = 12
     TRACE_SUMMARY = 13
+    SAMPLE_DONE = 14
+    READY = 15
 
 
 class DoneStatus(IntEnum):
@@ -306,6 +312,52 @@ class TraceSummary:
     seq: int = field(default=-1, compare=False)
 
 
+@dataclass(frozen=True)
+class TensorSpec:
+    """An input or output of the method serve firmware loaded (`ready`): its dtype (the
+    ScalarType code), logical sizes, dim order (the memory order its bytes travel in) and
+    size in bytes."""
+
+    dtype: int
+    sizes: tuple[int, ...]
+    dim_order: tuple[int, ...]
+    nbytes: int
+
+    @property
+    def dtype_name(self) -> str:
+        return SCALAR_TYPE_NAMES.get(self.dtype, f"scalar_type_{self.dtype}")
+
+    def describe(self) -> str:
+        """ "float32 [1, 3, 8, 8]" (with the dim order when it is not the identity)."""
+        order = ("" if list(self.dim_order) == sorted(self.dim_order)
+                 else f" dim order {list(self.dim_order)}")
+        return f"{self.dtype_name} {list(self.sizes)}{order}"
+
+
+@dataclass
+class Ready:
+    """Serve firmware loaded its method and takes samples: what the method takes and returns."""
+
+    TYPE: ClassVar[RecordType] = RecordType.READY
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    seq: int = field(default=-1, compare=False)
+
+
+@dataclass
+class SampleDone:
+    """Serve firmware's answer to a host `run` frame (whose seq `run_seq` echoes): the sample,
+    its status (0, or the code of the error record sent before it) and its execute() ticks. The
+    sample's output tensors come right before it."""
+
+    TYPE: ClassVar[RecordType] = RecordType.SAMPLE_DONE
+    sample: int
+    status: int
+    ticks: int
+    run_seq: int
+    seq: int = field(default=-1, compare=False)
+
+
 Record = (Hello | Tensor | Timing | Memory | DeviceError | Fault | Done | Log | NpuRun
-          | TraceClock | TraceEvent | TraceTensor | TraceSummary)
+          | TraceClock | TraceEvent | TraceTensor | TraceSummary | Ready | SampleDone)
 

@@ -7,6 +7,8 @@ the pipeline can ask before it relies on a feature:
   semihosting); a disagreement is then a protocol error.
 - `supports_icount`: instruction counts are deterministic and can be derived from ticks.
 - `is_simulator`: nothing physical is flashed.
+- `supports_stream`: `open_stream` starts serve firmware and hands a two-way link to it to a
+  serve session (run/stream.py: samples streamed to the device, issue #28).
 
 It also declares the command-line options it takes (`options`, like a west runner's
 `add_parser`): the CLI offers the options of every runner, and a run passes a runner only the
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from deploykit.readers.protocol import DecodeStats, Outcome, RunRecords
+from deploykit.run.stream import StreamLink
 from deploykit.util.errors import ConfigError, ExitCode, RunError
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -127,6 +130,7 @@ class Runner(abc.ABC):
     supports_exit_code: ClassVar[bool] = False
     supports_icount: ClassVar[bool] = False
     is_simulator: ClassVar[bool] = False
+    supports_stream: ClassVar[bool] = False
     options: ClassVar[tuple[RunnerOption, ...]] = ()
 
     @classmethod
@@ -154,11 +158,20 @@ class Runner(abc.ABC):
     def capabilities(cls) -> dict[str, bool]:
         return {"supports_exit_code": cls.supports_exit_code,
                 "supports_icount": cls.supports_icount,
-                "is_simulator": cls.is_simulator}
+                "is_simulator": cls.is_simulator,
+                "supports_stream": cls.supports_stream}
 
     def check_environment(self) -> str | None:
         """Raise EnvironmentProblem when a tool the runner needs is missing; else its path."""
         return None
+
+    def open_stream(self, elf: Path, out_dir: Path) -> StreamLink:
+        """Start serve firmware `elf` and return a two-way link to it (run/stream.py), logs
+        under `out_dir/run/`. Runners that can declare `supports_stream`."""
+        raise ConfigError(f"The {self.kind} runner cannot stream samples to the device "
+                          "(serving samples over the link is not supported by this runner).",
+                          "Stream on a board whose runner supports it (qemu, pico), or run "
+                          "the samples compiled in: deploykit run --inputs DIR.")
 
     @abc.abstractmethod
     def run(self, elf: Path, out_dir: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,

@@ -15,6 +15,7 @@ import os
 import select
 import shlex
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -27,6 +28,7 @@ import serial
 from deploykit.readers.protocol import Decoder, RunRecords
 from deploykit.run.runners.base import DEFAULT_TIMEOUT_S, Runner, RunResult
 from deploykit.run.runners.hang import HangLocation, locate_hang, locate_position
+from deploykit.run.stream import StreamClosed, StreamLink
 from deploykit.util.errors import BuildError, ConfigError, EnvironmentProblem, ExitCode, RunError
 from deploykit.util.process import free_port, kill_group, run_dir_for
 
@@ -71,6 +73,7 @@ class QemuRunner(Runner):
     supports_exit_code = True
     supports_icount = True
     is_simulator = True
+    supports_stream = True
 
     def __init__(self, config: Mapping[str, Any], *, qemu: str = QEMU_BINARY,
                  icount_shift: int | None = DEFAULT_ICOUNT_SHIFT, connect_timeout_s: float = 10.0,
@@ -107,7 +110,10 @@ class QemuRunner(Runner):
         return path
 
     def command(self, elf: Path, port: int, qemu: str | None = None,
-                qmp_socket: Path | None = None) -> list[str]:
+                qmp_socket: Path | None = None, nodelay: bool = False) -> list[str]:
+        """The command line. `nodelay`: the console socket sends each write at once (Nagle
+        off), which a serve session needs: the guest writes its answer a byte at a time, and
+        Nagle's algorithm against the host's delayed ACK held each answer back ~40 ms."""
         cmd = [qemu or self.qemu, "-machine", self.machine]
         if self.cpu:
             cmd += ["-cpu", self.cpu]
@@ -116,7 +122,8 @@ class QemuRunner(Runner):
             cmd += ["-qmp", f"unix:{qmp_socket},server=on,wait=off"]
         if self.icount_shift is not None:
             cmd += ["-icount", f"shift={self.icount_shift},align=off,sleep=off"]
-        cmd += ["-serial", f"tcp:127.0.0.1:{port},server=on,wait=on", "-kernel", str(elf)]
+        console = f"tcp:127.0.0.1:{port},server=on,wait=on" + (",nodelay=on" if nodelay else "")
+        cmd += ["-serial", console, "-kernel", str(elf)]
         return cmd
 
     # ---- run -------------------------------------------------------------------------------
@@ -143,28 +150,9 @@ class QemuRunner(Runner):
         qmp_socket = qmp_dir / "qmp"
         try:
             with open(console_tmp, "wb") as console, open(log_tmp, "wb") as log:
-                for _attempt in range(3):
-                    cmd = self.command(elf, free_port(), qemu, qmp_socket)
-                    log.seek(0)
-                    log.truncate()
-                    log.write(f"$ {shlex.join(cmd)}\n".encode())
-                    log.flush()
-                    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
-                    try:
-                        ser = self._connect(proc, cmd, min(deadline,
-                                                           start + self.connect_timeout_s))
-                        break
-                    except _QemuGone:
-                        log.flush()
-                        text = _tail(log_tmp)
-                        if "Address already in use" in text:
-                            notes.append("console port was taken; retried with another port")
-                            continue
-                        self._raise_start_failure(proc.returncode, text, log_path)
-                if ser is None:
-                    raise EnvironmentProblem("QEMU could not bind a console port (3 attempts).",
-                                             log_path=str(log_path))
+                proc, ser, cmd = self._launch(elf, qemu, log, log_tmp, log_path,
+                                              min(deadline, start + self.connect_timeout_s),
+                                              notes, qmp_socket)
                 timed_out, killed = self._pump(proc, ser, dec, console, deadline)
                 if timed_out:
                     hang, why_not = locate_hang(str(qmp_socket), elf)
@@ -213,6 +201,59 @@ class QemuRunner(Runner):
             killed=killed, icount_shift=self.icount_shift, instructions_estimate=estimate,
             command=tuple(cmd), notes=notes, hang=where)
         return result.check() if check else result
+
+    def _launch(self, elf: Path, qemu: str, log: BinaryIO, log_tmp: Path, log_path: Path,
+                deadline: float, notes: list[str], qmp_socket: Path | None = None,
+                nodelay: bool = False) -> tuple[subprocess.Popen, Any, list[str]]:
+        """Start QEMU on a free console port (another one when the port was taken meanwhile)
+        and connect to its console: (process, console handle, command line)."""
+        for _attempt in range(3):
+            cmd = self.command(elf, free_port(), qemu, qmp_socket, nodelay)
+            log.seek(0)
+            log.truncate()
+            log.write(f"$ {shlex.join(cmd)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                return proc, self._connect(proc, cmd, deadline), cmd
+            except _QemuGone:
+                log.flush()
+                text = _tail(log_tmp)
+                if "Address already in use" in text:
+                    notes.append("console port was taken; retried with another port")
+                    continue
+                self._raise_start_failure(proc.returncode, text, log_path)
+            except BaseException:  # interrupted while connecting: leave no QEMU behind
+                kill_group(proc)
+                raise
+        raise EnvironmentProblem("QEMU could not bind a console port (3 attempts).",
+                                 log_path=str(log_path))
+
+    def open_stream(self, elf: Path, out_dir: Path) -> QemuStreamLink:
+        """Start serve firmware and hand its console to a serve session (run/stream.py):
+        the console socket is two-way, the guest reads what the host writes on its UART. Logs
+        under `out_dir/run/` as for a run (console.bin, qemu.log)."""
+        qemu = self.check_environment()
+        elf = Path(elf)
+        run_dir = run_dir_for(elf, out_dir)
+        console_path, log_path = run_dir / "console.bin", run_dir / "qemu.log"
+        console_tmp, log_tmp = _temp_in(run_dir, console_path.name), _temp_in(run_dir,
+                                                                              log_path.name)
+        console, log = open(console_tmp, "wb"), open(log_tmp, "wb")  # noqa: SIM115 - the link's
+        try:
+            proc, ser, _cmd = self._launch(elf, qemu, log, log_tmp, log_path,
+                                           time.monotonic() + self.connect_timeout_s, [],
+                                           nodelay=True)
+        except BaseException:
+            console.close()
+            log.close()
+            for tmp, final in ((console_tmp, console_path), (log_tmp, log_path)):
+                with contextlib.suppress(OSError):
+                    os.replace(tmp, final)
+            raise
+        return QemuStreamLink(proc, ser, console, log,
+                              ((console_tmp, console_path), (log_tmp, log_path)))
 
     def _connect(self, proc: subprocess.Popen, cmd: list[str], deadline: float):
         url = cmd[cmd.index("-serial") + 1].replace("tcp:", "socket://", 1).split(",")[0]
@@ -272,6 +313,65 @@ class QemuRunner(Runner):
             f"QEMU ({target}) exited with code {code} before the firmware started: {msg}",
             "Check the board's runner.machine / runner.cpu against "
             "`qemu-system-arm -machine help` and `-cpu help`.", log_path=str(log_path))
+
+
+class QemuStreamLink(StreamLink):
+    """QEMU's console socket as a serve session's link (QemuRunner.open_stream). Reads are
+    one recv() after select(), as in a run; what arrives is also written to console.bin."""
+
+    description = "QEMU"
+
+    def __init__(self, proc: subprocess.Popen, ser: Any, console: BinaryIO, log: BinaryIO,
+                 renames: tuple[tuple[Path, Path], ...]) -> None:
+        self.proc, self.ser, self.console, self.log = proc, ser, console, log
+        self.renames = renames
+        self.console_log = renames[0][1]
+        self._open = True
+        # The host's side too: a `run` sent again right after the sample is not held back.
+        sock = getattr(ser, "_socket", None)
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.ser.write(data)
+        except (serial.SerialException, OSError) as exc:
+            raise StreamClosed(str(exc)) from exc
+
+    def read(self, timeout_s: float) -> bytes:
+        if not self._open:
+            raise StreamClosed("QEMU closed its console")
+        ready, _, _ = select.select([self.ser.fileno()], [], [], timeout_s)
+        if not ready:
+            if self.proc.poll() is not None:
+                raise StreamClosed(f"QEMU exited with code {self.proc.returncode}")
+            return b""
+        try:
+            data = self.ser.read(_READ_CHUNK)
+        except serial.SerialException as exc:  # disconnected: QEMU exited
+            self._open = False
+            raise StreamClosed(str(exc)) from exc
+        self.console.write(data)
+        return data
+
+    def close(self, grace_s: float = 5.0) -> int | None:
+        killed = False
+        with contextlib.suppress(Exception):
+            self.ser.close()
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            kill_group(self.proc)
+            killed = True
+        if self.proc.poll() is None:
+            kill_group(self.proc)
+            killed = True
+        for f in (self.console, self.log):
+            f.close()
+        for tmp, final in self.renames:
+            with contextlib.suppress(OSError):
+                os.replace(tmp, final)
+        return None if killed else self.proc.returncode
 
 
 def _temp_in(directory: Path, name: str) -> Path:

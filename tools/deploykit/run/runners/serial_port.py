@@ -12,12 +12,16 @@
   disappears (the board rebooted after a fault, or was unplugged and plugged in again), it is
   found again and asked again.
 - `PicoRunner` (runner kind `pico`): flash (tools/deploykit/flashers), then read the results.
+- `SerialStreamLink`: the port as a serve session's link (run/stream.py): the same handshake
+  (REQUEST until the SYNC that echoes the nonce, nothing before it kept), then the host's frames
+  and the device's records both ways on the port (docs/pico2.md, "Serve firmware on the link").
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select as io_select
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +42,7 @@ from deploykit.run.runners.base import (
     runner_section,
 )
 from deploykit.run.runners.hang import locate_position
+from deploykit.run.stream import StreamClosed, StreamLink
 from deploykit.run.transport import default_list_ports, locate_port, running_boards
 from deploykit.util.errors import ConfigError, ExitCode, RunError
 
@@ -229,6 +234,102 @@ class SerialLink:
                           time.monotonic() - start, notes)
 
 
+# ---- the port as a serve session's link ------------------------------------------------------
+
+class SerialStreamLink(StreamLink):
+    """A board's port as a serve session's link (run/stream.py). `connect()` opens it and does
+    the link's handshake: REQUEST + nonce until the SYNC that echoes one, everything before it
+    discarded; what follows (the transcript: hello, ready; then the answers, live) is the
+    session's. close() acknowledges, so the device repeats nothing."""
+
+    def __init__(self, locate: Callable[[], str | None], *, baud: int = 115200,
+                 request_interval_s: float = 0.5, nonce: Callable[[], bytes] | None = None,
+                 console: BinaryIO | None = None, description: str = "the board",
+                 console_log: Path | None = None) -> None:
+        self.locate = locate
+        self.baud = baud
+        self.request_interval_s = request_interval_s
+        self._nonce = nonce or (lambda: os.urandom(4))
+        self.console = console
+        self.description = description
+        self.console_log = console_log
+        self.ser: Any = None
+        self.nonce = b"\0\0\0\0"
+        self._pending = b""
+
+    def connect(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.ser is None:
+            where = self.locate()
+            if where:
+                with contextlib.suppress(serial.SerialException, OSError, ValueError):
+                    self.ser = serial.serial_for_url(where, baudrate=self.baud, timeout=0)
+            if self.ser is None:
+                if time.monotonic() >= deadline:
+                    raise StreamClosed(f"no serial port for {self.description} appeared")
+                time.sleep(0.1)
+        nonces: set[bytes] = set()
+        window, next_request = b"", 0.0
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise StreamClosed(f"{self.description} did not answer the link's REQUEST")
+            if now >= next_request:
+                n = self._nonce()
+                nonces.add(n)
+                self._write(REQUEST + n)
+                next_request = now + self.request_interval_s
+            window += self._read_raw(min(deadline, next_request) - now)
+            found = _find_sync(window, nonces)
+            if found is not None:
+                pos, self.nonce = found
+                self._pending = window[pos + FRAME:]
+                return
+            window = window[-(FRAME - 1):]
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self.ser.write(data)
+            self.ser.flush()
+        except (serial.SerialException, OSError) as exc:
+            raise StreamClosed(f"the port of {self.description} went away: {exc}") from exc
+
+    def _read_raw(self, timeout_s: float) -> bytes:
+        try:
+            ready, _, _ = io_select.select([self.ser.fileno()], [], [], max(0.0, timeout_s))
+            data = self.ser.read(max(1, self.ser.in_waiting)) if ready else b""
+        except (serial.SerialException, OSError, TypeError) as exc:
+            raise StreamClosed(f"the port of {self.description} went away: {exc}") from exc
+        if ready and not data:  # readable, yet nothing: the other end is gone
+            raise StreamClosed(f"the port of {self.description} closed")
+        if self.console is not None:
+            self.console.write(data)
+        return data
+
+    def write(self, data: bytes) -> None:
+        self._write(data)
+
+    def read(self, timeout_s: float) -> bytes:
+        if self._pending:
+            data, self._pending = self._pending, b""
+            return data
+        return self._read_raw(timeout_s)
+
+    def close(self, grace_s: float = 5.0) -> int | None:
+        if self.ser is not None:
+            with contextlib.suppress(StreamClosed):
+                self._write(ACK + self.nonce)
+            if "://" in str(self.ser.port):
+                time.sleep(NETWORK_ACK_LINGER_S)  # as SerialLink: let the ACK reach the board
+            with contextlib.suppress(Exception):
+                self.ser.close()
+            self.ser = None
+        if self.console is not None:
+            self.console.close()
+            self.console = None
+        return None  # a board has no exit code; done.status is the verdict
+
+
 # ---- runner: flash, then read ---------------------------------------------------------------
 
 CONFIG_KEYS = frozenset({"kind"})
@@ -242,6 +343,7 @@ class PicoRunner(Runner):
     supports_exit_code = False  # a board has no exit code; `done.status` is the verdict
     supports_icount = False
     is_simulator = False
+    supports_stream = True
     options = (
         RunnerOption("--port", "port", "PORT|MOUNT|SERIAL",
                      "which board: its serial port (e.g. /dev/ttyACM0), its BOOTSEL drive's "
@@ -388,6 +490,47 @@ class PicoRunner(Runner):
                           progress=self.progress, elf=elf)
 
 
+    def open_stream(self, elf: Path, out_dir: Path) -> SerialStreamLink:
+        """Flash serve firmware and hand its port, after the link's handshake, to a serve
+        session (run/stream.py); the bytes received go to `out_dir/run/console.bin`."""
+        if self.place:
+            raise ConfigError("Streaming samples to a board on a labgrid farm (--place) is not "
+                              "supported.", "Stream to a board on this machine (--port).")
+        elf = Path(elf)
+        env = self.env or HostEnv()
+        run_dir = Path(out_dir) / "run"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        uf2 = elf.with_suffix(".uf2")
+        serial_number = None
+        if self.do_flash:
+            from deploykit.readers.uf2 import write_uf2
+
+            write_uf2(elf, uf2, family=family_of(self.board).uf2_family(self.board))
+            result = flash(self.board, FlashImage(elf, uf2), port=self.port, probe=self.probe,
+                           env=env, progress=self.progress, workspace=self.workspace)
+            serial_number = result.target.serial_number
+        port = self.port if self.port and not Path(self.port).is_dir() else None
+        if port and not os.path.exists(port) and "://" not in port:
+            serial_number, port = serial_number or port, None  # a USB serial number
+
+        def locate() -> str | None:
+            return locate_port(self.board, env.ports(), port, serial_number)
+
+        console_path = run_dir / "console.bin"
+        link = SerialStreamLink(locate, baud=int(self.serial_cfg.get("baud", 115200)),
+                                request_interval_s=float(self.serial_cfg.get(
+                                    "request_interval_s", 0.5)),
+                                console=open(console_path, "wb"),  # noqa: SIM115 - the link's
+                                description=self.board.name, console_log=console_path)
+        try:
+            link.connect(float(self.serial_cfg.get("connect_timeout_s", 20.0)) + 10.0)
+        except StreamClosed as exc:
+            link.close()
+            raise RunError(f"{exc}.", "Check the USB cable and that the serve firmware was "
+                           "flashed.", exit_code=ExitCode.NO_BOOT) from exc
+        return link
+
+
 def read_board(board: Any, run_dir: Path, *, timeout_s: float, port: str | None = None,
                serial_number: str | None = None, env: Any = None, check: bool = False,
                notes: list[str] | None = None,
@@ -494,4 +637,4 @@ class MonitorReport:
 
 
 __all__ = ["ACK", "REQUEST", "SYNC", "LinkResult", "LinkStats", "MonitorReport", "PicoRunner",
-           "SerialLink", "read_board"]
+           "SerialLink", "SerialStreamLink", "read_board"]
