@@ -23,6 +23,7 @@ from deploykit.pipeline.validation import Device
 from deploykit.program.export import load_export
 from deploykit.run.accuracy import DEVICE, FP32
 from deploykit.util.errors import ConfigError, ExitCode, RunError
+from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
 
 BOARD, MODEL, FLOW = "qemu-an547", "digits_cnn", "cortex_m_int8"
 SAMPLES = 450
@@ -138,11 +139,6 @@ def test_the_command_line(host_only, out, capsys):
     assert main([*args, "--host-only", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["passed"] is True and data["columns"][1]["accuracy"] == host_only.host.accuracy
-    # the board itself: the streaming session is not in this version; it says so, and how
-    # to validate without it
-    assert main(args) == ExitCode.ENVIRONMENT
-    err = capsys.readouterr().err
-    assert "needs the streaming session" in err and "--host-only" in err
     # a data set that does not fit the model is refused before any export
     assert main([*args, "--host-only", "--dataset", "digits:valid"]) == ExitCode.CONFIG
     assert "Its splits: train, test" in capsys.readouterr().err
@@ -156,3 +152,43 @@ def test_a_flow_without_a_per_sample_host_program_is_refused(out, tmp_path):
                      project=False)
     assert "sample by sample" in str(err.value)
     assert "cortex_m_int8" in err.value.hint
+
+
+@requires_toolchain
+@requires_cmake
+@requires_qemu
+@requires_sources
+@pytest.mark.parametrize("board", ["qemu-an547", "qemu-an505"])
+def test_the_board_itself_scores_what_its_host_program_scores(host_only, out, board, capsys):
+    """The issue's goal on the device: serve firmware on QEMU, the test split streamed sample by
+    sample over the console, every device answer equal to the host program's (agreement 100%,
+    no output beyond the tolerance) and int8 within a point of fp32: the command line, as a
+    user runs it."""
+    where = out.parent / f"on-{board}"
+    args = ["validate", "--board", board, "--model", MODEL, "--flow", FLOW, "--out", str(where),
+            "--no-project", "-q", "--json"]
+    assert main(args) == 0, capsys.readouterr().err
+    data = json.loads(capsys.readouterr().out)
+    assert data["passed"] is True and data["device"]["stopped_at"] is None
+    assert data["device"]["agreement"]["rate"] == 1.0
+    assert data["device"]["agreement"]["compared"] == SAMPLES
+    assert data["device"]["beyond_tolerance"] == []
+    device = next(c for c in data["columns"] if c["key"] == DEVICE)
+    fp32 = data["columns"][0]
+    assert device["scored"] == SAMPLES and abs(device["accuracy"] - fp32["accuracy"]) <= 0.01
+
+
+@requires_toolchain
+@requires_cmake
+@requires_qemu
+@requires_sources
+def test_the_device_runs_the_program_of_the_chosen_calibration(host_only, out):
+    """--calibration example: the serve firmware is built from the example-calibrated program
+    (device_session checks the hash the device's hello reports against the host program's), so
+    the device scores what that program scores, not the default program."""
+    r = api.validate(BOARD, MODEL, flow=FLOW, out=out.parent / "example-on-board",
+                     project=False, on_board=True, calibration="example", limit=60)
+    assert r.passed, r.summary()
+    assert r.device_calibration == "example"
+    assert r.column(DEVICE).predictions == r.column("host:example").predictions
+    assert r.device.agreement.rate == 1.0 and r.device.max_abs_vs_host == 0.0

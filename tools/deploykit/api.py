@@ -505,7 +505,7 @@ def validate(board: str | None = None, model: str | None = None, dataset: str | 
 
     def board_session(program):
         return device_session(cmd.target, cmd.model, out, program, workspace, _timeout(cmd),
-                              progress)
+                              progress, calibration=calibration)
 
     def given(_program):
         return nullcontext(device)

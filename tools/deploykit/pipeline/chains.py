@@ -294,8 +294,10 @@ def _stored_fit(out: Path, program: ProgramInfo, key: str,
 
 
 def _export_and_plan(target: Target, model: str, out: Path, progress: Progress,
-                     inputs_dir: Path | None = None) -> PlannedModel:
-    exported = export_stage(target, model, out, progress, inputs_dir=inputs_dir)
+                     inputs_dir: Path | None = None,
+                     calibration: str | None = None) -> PlannedModel:
+    exported = export_stage(target, model, out, progress, inputs_dir=inputs_dir,
+                            calibration=calibration)
     program = inspect_pte(exported.pte_path)
     # A measurement of this .pte on this runtime (deploykit build --fit) sizes the pools,
     # stack and heap exactly; without one the plan estimates them (docs/memory.md).
@@ -351,19 +353,20 @@ class BuiltModel:
 
 def build_firmware(target: Target, model: str, out: Path, workspace: Path | None,
                    progress: Progress, *, inputs_dir: Path | None = None, fit: bool = False,
-                   timeout: float = 120.0,
-                   variant: FirmwareVariant | None = None) -> BuiltModel:
+                   timeout: float = 120.0, variant: FirmwareVariant | None = None,
+                   calibration: str | None = None) -> BuiltModel:
     """Export, plan, render, build. With `fit`, a model without a stored measurement is first
     built with generous pools and run once on the board's runner; the pools, stack and heap
     are then linked at the measured peaks plus margin (memory/fit.py, docs/memory.md). `variant`: a
     firmware built with extra definitions into its own directory (profiling firmware,
-    profiling/stage.py); the measurement, if any, is the plain firmware's."""
+    profiling/stage.py); the measurement, if any, is the plain firmware's. `calibration`: as
+    for export_stage."""
     ws = load_workspace(workspace)  # before the slow export: fail fast without sources
     et_commit = check_executorch_commit(ws)
     board, family, flow_impl, profile = target.board, target.family, target.flow, target.profile
     if family.projects:
         require_projects(ws, list(family.projects), f"The {board.name} firmware")
-    planned = _export_and_plan(target, model, out, progress, inputs_dir)
+    planned = _export_and_plan(target, model, out, progress, inputs_dir, calibration)
     if flow_impl.needs_npu:
         progress(f"memory plan (fits):\n{planned.plan.table(items=True)}")
     flow_definitions = flow_impl.firmware_definitions(board, ws, out, planned.plan)

@@ -37,19 +37,22 @@ def serve_definitions(pte: Path) -> dict[str, str]:
 
 def build_serve_firmware(target: Target, model: str, out: Path, workspace: Path | None,
                          progress: Progress, *, inputs_dir: Path | None = None,
-                         fit: bool = False, timeout: float = 120.0) -> BuiltModel:
+                         fit: bool = False, timeout: float = 120.0,
+                         calibration: str | None = None) -> BuiltModel:
     """Serve firmware for `model`. With `fit`, the plain firmware is measured first (serve
     firmware takes no samples of its own to measure with) and serve firmware is linked with
     the same pools and stack. `inputs_dir`: samples whose host outputs the export computes
-    (as for run --inputs); serve firmware embeds none of them."""
+    (as for run --inputs); serve firmware embeds none of them. `calibration`: what the int8
+    program calibrates on (export_stage's; `deploykit validate --calibration`)."""
     if fit:
         build_firmware(target, model, out, workspace, progress, inputs_dir=inputs_dir, fit=True,
-                       timeout=timeout)
-    exported = export_stage(target, model, out, progress, inputs_dir=inputs_dir)
+                       timeout=timeout, calibration=calibration)
+    exported = export_stage(target, model, out, progress, inputs_dir=inputs_dir,
+                            calibration=calibration)
     progress("building the serve firmware (samples come over the link; the runtime is the "
              "plain firmware's)")
     return build_firmware(target, model, out, workspace, progress, inputs_dir=inputs_dir,
-                          timeout=timeout,
+                          timeout=timeout, calibration=calibration,
                           variant=FirmwareVariant(SERVE_DIR,
                                                   serve_definitions(exported.pte_path)))
 
@@ -57,19 +60,21 @@ def build_serve_firmware(target: Target, model: str, out: Path, workspace: Path 
 def open_stream(target: Target, model: str, out: Path, workspace: Path | None,
                 progress: Progress, *, inputs_dir: Path | None = None, fit: bool = False,
                 timeout: float = 120.0, sample_timeout: float = DEFAULT_SAMPLE_TIMEOUT_S,
-                tolerance: Tolerance | None = None) -> StreamSession:
+                tolerance: Tolerance | None = None,
+                calibration: str | None = None) -> StreamSession:
     """Build serve firmware, start it on the board's runner and return the started session
     (hello and ready read), with the export's samples and host outputs as its `reference`
     (none for a program that cannot run on the host). `timeout` bounds the build's
     measurement run and the start; `sample_timeout` each sample; `tolerance` overrides the
-    model's."""
+    model's; `calibration`: build_serve_firmware's."""
     if not target.runner.supports_stream:
         raise ConfigError(f"{target.name} runs on the {target.runner.kind} runner, which cannot "
                           "stream samples to the device.",
                           "Stream on a QEMU board or a Pico 2, or run the samples compiled in: "
                           "deploykit run --inputs DIR.")
     built = build_serve_firmware(target, model, out, workspace, progress,
-                                 inputs_dir=inputs_dir, fit=fit, timeout=timeout)
+                                 inputs_dir=inputs_dir, fit=fit, timeout=timeout,
+                                 calibration=calibration)
     exported = built.planned.export
     reference = None if exported.reference_kind == NO_REFERENCE else HostReference(
         exported.input_sets, exported.reference_sets,

@@ -38,7 +38,7 @@ from deploykit.program.models import ModelSpec, load_model
 from deploykit.readers.boards import repo_root
 from deploykit.run.accuracy import ValidationReport, evaluate, write_report
 from deploykit.run.validate import Tolerance, compare_outputs
-from deploykit.util.errors import ConfigError, DeployKitError, EnvironmentProblem
+from deploykit.util.errors import ConfigError, DeployKitError
 
 Progress = Callable[[str], None]
 # The device: one sample's inputs (ExportResult.input_sets[k]: logical shapes, the dtypes the
@@ -51,20 +51,34 @@ Session = Callable[[ExportResult], AbstractContextManager[Device]]
 PROGRESS_UPDATES = 10  # progress lines over a split, about (piped output gets each one)
 
 
+VALIDATE_DIR = "validate"
+DEVICE_DIR = "device"  # under <out>/validate: the serve firmware's export, build and session
+
+
 @contextlib.contextmanager
 def device_session(target: Target, model: str, out: Path, program: ExportResult,
-                   workspace: Path | None, timeout: float, progress: Progress
-                   ) -> Iterator[Device]:
+                   workspace: Path | None, timeout: float, progress: Progress, *,
+                   calibration: str = "model") -> Iterator[Device]:
     """The board of `target` as a `Device` running `program` (the host program of the
-    device's calibration: its .pte is what the device must run), for the length of the
-    `with`. The one place where validation reaches a board: it is to build the streaming
-    firmware and open run/stream.py's session, whose `infer` is a Device."""
-    raise EnvironmentProblem(
-        f"Validating on {target.name} itself needs the streaming session (one sample at a time "
-        "to the board), which this version of deploykit does not have yet.",
-        "Run `deploykit validate ... --host-only` (fp32 and the host program), or pass a "
-        "device callable to deploykit.api.validate(..., device=...).")
-    yield  # a generator, for the contextmanager; never reached
+    device's calibration `calibration`), for the length of the `with`: serve firmware built
+    for the same model and calibration (pipeline/stream.py) in <out>/validate/device, started
+    on the board's runner, one sample at a time over its link. The firmware's program must be
+    `program` byte for byte, or the device would be scored against another program."""
+    from deploykit.pipeline.stream import open_stream
+
+    session = open_stream(target, model, Path(out) / VALIDATE_DIR / DEVICE_DIR, workspace, progress,
+                          timeout=timeout, calibration=calibration)
+    with session:
+        # What the device runs, as its hello says (the first 16 hex digits of the .pte's hash).
+        running = session.hello.fields.get("pte_sha256", "") if session.hello else ""
+        if not running or not program.pte_sha256.startswith(running):
+            raise ConfigError(
+                f"The device runs the program {running or '(unknown)'}, not the host program "
+                f"scored beside it ({program.pte_sha256[:16]}): the two exports of "
+                f"{target.flow.name} differ.",
+                "Export twice with the same settings and compare the .pte files: the export is "
+                "expected to be reproducible (see docs/validation.md).")
+        yield session.infer
 
 
 def classes_of(spec: ModelSpec) -> int:
@@ -103,7 +117,7 @@ def validate_model(target: Target, model: str, dataset: str | Dataset, out: Path
     data = (dataset if isinstance(dataset, Dataset) else load_dataset(dataset)).head(limit)
     classes = classes_of(spec)
     check_dataset(data, spec.example_inputs, classes)
-    work = Path(out) / "validate"
+    work = Path(out) / VALIDATE_DIR
     n = len(data.samples)
 
     fp32 = _fp32_logits(spec, data, progress)
