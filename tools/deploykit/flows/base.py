@@ -42,10 +42,14 @@ class ExportOptions:
     # cortex_m_int8: an operator the int8 lowering cannot take is an error, instead of being
     # kept in float (automatic mixed precision, flows/mixed_precision.py).
     strict: bool = False
+    # Patch-based execution of the first stage (flows/patches.py): "off", "auto" or a grid
+    # "NxM" of tiles.
+    patches: str = "off"
 
     def key(self) -> str:
         return (f"fold_constants={self.fold_constants} int8_io={self.int8_io} "
-                f"plan_inputs={self.plan_inputs}" + (" strict=True" if self.strict else ""))
+                f"plan_inputs={self.plan_inputs}" + (" strict=True" if self.strict else "")
+                + (f" patches={self.patches}" if self.patches != "off" else ""))
 
     def backend_config(self, **kwargs: Any) -> Any:
         """to_executorch's ExecutorchBackendConfig for these options (and `kwargs`)."""

@@ -47,6 +47,7 @@ from deploykit.flows.mixed_precision import (
     summary,
 )
 from deploykit.flows.one_channel_conv import one_channel_depthwise_as_conv
+from deploykit.flows.patches import OFF, Tiler
 from deploykit.flows.pt2e import dequantize, io_quant, quantize, quantize_pt2e
 from deploykit.util.errors import ConfigError, ExportError
 
@@ -99,6 +100,9 @@ class CortexMInt8(Flow):
         excluded: list[FloatChoice] = []
         upstream: UpstreamFailure | None = None
         conv1d = Conv1dRewrite((), ())
+        tiler = Tiler(options.patches, quantized=True,
+                      plan_inputs=options.plan_inputs, int8_inputs=options.int8_io) \
+            if options.patches != OFF else None
 
         def conv1d_rewrite(graph_module: Any) -> None:
             # CMSIS-NN has no 1-D convolution: each Conv1d becomes a Conv2d of height 1.
@@ -107,8 +111,9 @@ class CortexMInt8(Flow):
 
         while True:
             quantizer = excluding(CortexMQuantizer(), excluded, spec.source_path)
-            converted, reference, eager = quantize_pt2e(spec, st, inputs, calibration,
-                                                        quantizer, conv1d_rewrite)
+            converted, reference, eager = quantize_pt2e(
+                spec, st, inputs, calibration, quantizer, conv1d_rewrite,
+                tiler.rewrite if tiler is not None else None)
             with st.step("torch.export (quantized)"):
                 qep = torch.export.export(converted, inputs)
             with st.step("to_edge_transform_and_lower"):
@@ -202,7 +207,8 @@ class CortexMInt8(Flow):
                 "one_channel_depthwise_as_conv": one_channel_convs,
                 **({"int8_inputs": int8_inputs, "int8_outputs": int8_outputs}
                    if options.int8_io else {})},
-                "mixed_precision": mixed},
+                "mixed_precision": mixed,
+                **({"patches": tiler.report} if tiler is not None else {})},
             reference_report={"cortex_m_dialect_check": dialect_check},
             warnings=warnings, etrecord=program.get_etrecord(),
             files={NOTES_NAME: upstream.log_text(spec.source_path, target.cpu,

@@ -16,12 +16,22 @@ if TYPE_CHECKING:
 
 def quantize_pt2e(spec: ModelSpec, st: Stages, inputs: tuple[Any, ...],
                    calibration: list[tuple[Any, ...]], quantizer: Any,
-                   float_rewrite: Callable[[Any], None] | None = None) -> tuple[Any, list, list]:
+                   float_rewrite: Callable[[Any], None] | None = None,
+                   tile_rewrite: Callable[[Any], bool] | None = None) -> tuple[Any, list, list]:
     """torch.export → PT2E prepare → calibrate → convert; the quantized model and its and the
     float model's outputs on `inputs`. Shared by the int8 flows; only the quantizer differs,
     and `float_rewrite`, which a flow may apply to the exported float graph (in place) before
-    it is quantized."""
+    it is quantized.
+
+    `tile_rewrite` (flows/patches.py) rewrites the float graph into tiles, in place, and says
+    whether it did. The tiles of a layer must quantize as the layer does, so the graph is
+    calibrated before the rewrite and the tiles' observers are those of their layers: no
+    tile is observed on its own."""
+    import copy
+
     import torch
+
+    from deploykit.flows.patches import share_observers, tag_origins
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     with st.step("torch.export", "Make the model exportable with torch.export.export(model, "
@@ -35,11 +45,23 @@ def quantize_pt2e(spec: ModelSpec, st: Stages, inputs: tuple[Any, ...],
     if float_rewrite is not None:
         with st.step("float graph rewrite"):
             float_rewrite(graph_module)
+    untiled = graph_module
+    if tile_rewrite is not None:
+        tag_origins(graph_module)
+        untiled = copy.deepcopy(graph_module)
     with st.step("quantization (prepare_pt2e)"):
-        prepared = prepare_pt2e(graph_module, quantizer)
+        prepared = prepare_pt2e(untiled, quantizer)
     with st.step("calibration"), torch.no_grad():
         for sample in calibration:
             prepared(*sample)
+    if tile_rewrite is not None:
+        with st.step("patches (tiles of the first stage)"):
+            tiled = tile_rewrite(graph_module)
+        if tiled:
+            with st.step("quantization of the tiles (prepare_pt2e, the layers' observers)"):
+                calibrated = prepared
+                prepared = prepare_pt2e(graph_module, quantizer)
+                share_observers(prepared, calibrated)
     with st.step("quantization (convert_pt2e)"):
         converted = convert_pt2e(prepared)
     with st.step("reference (quantized PT2E model)"), torch.no_grad():
