@@ -140,6 +140,9 @@ class Flow(abc.ABC):
     quantized: ClassVar[bool] = False  # outputs carry quantization steps (tolerance default)
     # The reference kind when the flow's preferred reference could not run.
     fallback_reference_kind: ClassVar[str]
+    # Why `--patches` (flows/patches.py) cannot apply to this flow's programs; "" when it can.
+    patches_refusal: ClassVar[str] = ("it does not tile its programs' first layers (patches "
+                                      "run in the cortex_m_int8 and portable_fp32 flows)")
 
     def applies_to(self, board: Board) -> str | None:
         """None when the flow can target `board`, else why not (shown to the user)."""

@@ -72,6 +72,7 @@ class CortexMInt8(Flow):
                       "(CMSIS-NN semantics), else the quantized PT2E model")
     quantized = True
     fallback_reference_kind = "pt2e-quantized-torch"
+    patches_refusal = ""
 
     def validate(self, target: ExportTarget) -> None:
         super().validate(target)
