@@ -273,8 +273,8 @@ def command(board: str | Path | None = None, model: str | None = None, *,
             project: ProjectChoice = None, needs_model: bool = True, runs: bool = False,
             **given) -> Command:
     """Resolve a command's settings and its Target once: the arguments (`given`: flow, profile,
-    strict, patches, npu_macs, npu_memory_mode, fit, inputs, expect, atol, rtol, timeout and the runner
-    options; None where not given) over the project file (pipeline/project.py). `runs`: the
+    strict, patches, npu_macs, npu_memory_mode, fit, inputs, expect, atol, rtol, timeout and the
+    runner options; None where not given) over the project file (pipeline/project.py). `runs`: the
     command runs the board, so the runner options apply."""
     from deploykit.pipeline.project import (
         choose,
@@ -354,7 +354,8 @@ def describe_config(choices: Choices, rows: list) -> str:
 def export(board: str | None = None, model: str | None = None, flow: str | None = None,
            out: Path | None = None, progress: Progress = _quiet, npu_macs: int | None = None,
            npu_memory_mode: str | None = None, profile: str | None = None,
-           strict: bool | None = None, patches: str | None = None, *, project: ProjectChoice = None):
+           strict: bool | None = None,
+           patches: str | None = None, *, project: ProjectChoice = None):
     """`patches`: "auto", "off" or a grid "NxM": the first stage of an image model runs in
     tiles (flows/patches.py, docs/memory.md). `strict`: an operator the int8 lowering cannot
     take is an error, instead of being kept
@@ -364,7 +365,8 @@ def export(board: str | None = None, model: str | None = None, flow: str | None 
     the settings not given come from the project file (`project`, docs/project.md)."""
     from deploykit.pipeline.chains import export_stage
 
-    cmd = command(board, model, project=project, flow=flow, profile=profile, strict=strict, patches=patches,
+    cmd = command(board, model, project=project, flow=flow, profile=profile, strict=strict,
+                  patches=patches,
                   npu_macs=npu_macs, npu_memory_mode=npu_memory_mode)
     out = cmd.out(out)
     with out_lock(out):
@@ -396,7 +398,8 @@ def describe_export(result) -> str:
 def plan(board: str | None = None, model: str | None = None, flow: str | None = None,
          out: Path | None = None, workspace: Path | None = None, progress: Progress = _quiet,
          npu_macs: int | None = None, npu_memory_mode: str | None = None,
-         profile: str | None = None, pte: Path | None = None, strict: bool | None = None, patches: str | None = None, *,
+         profile: str | None = None, pte: Path | None = None, strict: bool | None = None,
+         patches: str | None = None, *,
          project: ProjectChoice = None):
     """The memory plan of `model` (exported first) or of an existing `.pte` on `board`; raises
     MemoryPlanError, naming the region, when it does not fit. Written to <out>/plan.json."""
@@ -418,7 +421,8 @@ def plan(board: str | None = None, model: str | None = None, flow: str | None = 
 def build(board: str | None = None, model: str | None = None, flow: str | None = None,
           out: Path | None = None, workspace: Path | None = None, progress: Progress = _quiet,
           npu_macs: int | None = None, npu_memory_mode: str | None = None,
-          profile: str | None = None, fit: bool | None = None, strict: bool | None = None, patches: str | None = None, *,
+          profile: str | None = None, fit: bool | None = None, strict: bool | None = None,
+          patches: str | None = None, *,
           project: ProjectChoice = None):
     """`profile`: a build profile name (deploykit.pipeline.profiles; default: the board file's
     `profile:`, else size). `fit`: measure the model on the board's runner first when no
@@ -426,7 +430,8 @@ def build(board: str | None = None, model: str | None = None, flow: str | None =
     `strict`: as for export, checked before the build."""
     from deploykit.pipeline.chains import build_firmware
 
-    cmd = command(board, model, project=project, flow=flow, profile=profile, strict=strict, patches=patches,
+    cmd = command(board, model, project=project, flow=flow, profile=profile, strict=strict,
+                  patches=patches,
                   npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit)
     out = cmd.out(out)
     with out_lock(out):
@@ -441,7 +446,8 @@ def run(board: str | None = None, model: str | None = None, flow: str | None = N
         progress: Progress = _quiet, npu_macs: int | None = None,
         npu_memory_mode: str | None = None, runner_options: dict | None = None,
         inputs: Path | None = None, profile: str | None = None, fit: bool | None = None,
-        atol: float | None = None, rtol: float | None = None, strict: bool | None = None, patches: str | None = None, *,
+        atol: float | None = None, rtol: float | None = None, strict: bool | None = None,
+        patches: str | None = None, *,
         expect: Path | None = None, no_compare: bool = False,
         project: ProjectChoice = None):
     """Build, run on the board's runner, compare with the host. For a .pte as the model,
@@ -454,7 +460,8 @@ def run(board: str | None = None, model: str | None = None, flow: str | None = N
     from deploykit.pipeline.chains import run_firmware
 
     cmd = command(board, model, project=project, runs=True, flow=flow, profile=profile,
-                  strict=strict, patches=patches, npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit,
+                  strict=strict, patches=patches, npu_macs=npu_macs,
+                  npu_memory_mode=npu_memory_mode, fit=fit,
                   inputs=inputs, atol=atol, rtol=rtol, timeout=timeout, expect=expect,
                   **(runner_options or {}))
     out = cmd.out(out)
@@ -528,7 +535,8 @@ def profile(board: str | None = None, model: str | None = None, flow: str | None
     from deploykit.profiling.stage import profile_model
 
     cmd = command(board, model, project=project, runs=True, flow=flow, profile=profile,
-                  strict=strict, patches=patches, npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit,
+                  strict=strict, patches=patches, npu_macs=npu_macs,
+                  npu_memory_mode=npu_memory_mode, fit=fit,
                   timeout=timeout, **(runner_options or {}))
     out = cmd.out(out)
     with out_lock(out):
@@ -543,13 +551,15 @@ def debug_intermediates(board: str | None = None, model: str | None = None,
                         npu_memory_mode: str | None = None, runner_options: dict | None = None,
                         profile: str | None = None, fit: bool | None = None,
                         atol: float | None = None, rtol: float | None = None,
-                        strict: bool | None = None, patches: str | None = None, *, project: ProjectChoice = None):
+                        strict: bool | None = None,
+                        patches: str | None = None, *, project: ProjectChoice = None):
     """Every operator's device output against the host's, in execution order (`deploykit run
     --debug-intermediates`; profiling/stage.py, docs/profiling.md)."""
     from deploykit.profiling.stage import debug_intermediates as debug
 
     cmd = command(board, model, project=project, runs=True, flow=flow, profile=profile,
-                  strict=strict, patches=patches, npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit,
+                  strict=strict, patches=patches, npu_macs=npu_macs,
+                  npu_memory_mode=npu_memory_mode, fit=fit,
                   atol=atol, rtol=rtol, timeout=timeout, **(runner_options or {}))
     out = cmd.out(out)
     atol, rtol = cmd.choices.tolerance()

@@ -30,9 +30,9 @@ def quantize_pt2e(spec: ModelSpec, st: Stages, inputs: tuple[Any, ...],
     import copy
 
     import torch
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     from deploykit.flows.patches import share_observers, tag_origins
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     with st.step("torch.export", "Make the model exportable with torch.export.export(model, "
                  "example_inputs()) (no data-dependent Python control flow)."):

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 FLAGS: dict[str, str] = {
     "board": "--board", "model": "--model", "flow": "--flow", "profile": "--profile",
     "npu_macs": "--npu-macs", "npu_memory_mode": "--npu-memory-mode", "strict": "--strict",
-    "patches": "--patches", "fit": "--fit", "inputs": "--inputs", "expect": "--expect", "tolerance": "--atol/--rtol",
-    "timeout": "--timeout",
+    "patches": "--patches", "fit": "--fit", "inputs": "--inputs", "expect": "--expect",
+    "tolerance": "--atol/--rtol", "timeout": "--timeout",
 }
 # Settings that describe the project's model, not another one given on the command line.
 MODEL_SETTINGS = ("inputs", "expect", "tolerance")

@@ -99,7 +99,8 @@ def check_board_flows(board: Board) -> None:
 
 def resolve_target(board: str | Path | Board, *, flow: str | None = None,
                    profile: str | None = None, strict: bool = False,
-                   patches: str | None = None, npu_macs: int | None = None, npu_memory_mode: str | None = None,
+                   patches: str | None = None, npu_macs: int | None = None,
+                   npu_memory_mode: str | None = None,
                    runner_options: Mapping[str, Any] | None = None,
                    origins: Mapping[str, str] | None = None, program: Path | None = None,
                    expect: Path | None = None) -> Target:
