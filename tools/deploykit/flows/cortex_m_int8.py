@@ -101,9 +101,22 @@ class CortexMInt8(Flow):
         excluded: list[FloatChoice] = []
         upstream: UpstreamFailure | None = None
         conv1d = Conv1dRewrite((), ())
-        tiler = Tiler(options.patches, quantized=True,
-                      plan_inputs=options.plan_inputs, int8_inputs=options.int8_io) \
-            if options.patches != OFF else None
+        tiler = None
+        untiled_inputs = None
+        patches_report: dict[str, Any] = {}
+        if options.patches != OFF:
+            tiler = Tiler(options.patches, quantized=True, plan_inputs=options.plan_inputs,
+                          int8_inputs=options.int8_io, channels_last=True)
+            with st.step("patches (the grid and the split)"):
+                probe = torch.export.export(spec.module, inputs).module(check_guards=False)
+                plan = tiler.choose(probe)
+                patches_report = tiler.report
+                if plan is None:
+                    tiler = None  # left unpatched: the program is the one without patches
+                else:
+                    # The tiles cut the input where its memory order is its logical order.
+                    nhwc = _contiguous
+                    untiled_inputs, inputs = inputs, tuple(t.contiguous() for t in inputs)
 
         def conv1d_rewrite(graph_module: Any) -> None:
             # CMSIS-NN has no 1-D convolution: each Conv1d becomes a Conv2d of height 1.
@@ -114,7 +127,7 @@ class CortexMInt8(Flow):
             quantizer = excluding(CortexMQuantizer(), excluded, spec.source_path)
             converted, reference, eager = quantize_pt2e(
                 spec, st, inputs, calibration, quantizer, conv1d_rewrite,
-                tiler.rewrite if tiler is not None else None)
+                tiler.rewrite if tiler is not None else None, untiled_inputs)
             with st.step("torch.export (quantized)"):
                 qep = torch.export.export(converted, inputs)
             with st.step("to_edge_transform_and_lower"):
@@ -209,7 +222,7 @@ class CortexMInt8(Flow):
                 **({"int8_inputs": int8_inputs, "int8_outputs": int8_outputs}
                    if options.int8_io else {})},
                 "mixed_precision": mixed,
-                **({"patches": tiler.report} if tiler is not None else {})},
+                **({"patches": patches_report} if patches_report else {})},
             reference_report={"cortex_m_dialect_check": dialect_check},
             warnings=warnings, etrecord=program.get_etrecord(),
             files={NOTES_NAME: upstream.log_text(spec.source_path, target.cpu,
@@ -231,6 +244,10 @@ class CortexMInt8(Flow):
 
     def program_report(self, op_list: list[str]) -> dict[str, Any]:
         return {"non_cortex_m_ops": [o for o in op_list if not o.startswith("cortex_m::")]}
+
+
+def _contiguous(t: Any) -> Any:
+    return t.clone().contiguous()
 
 
 def _target_config(cpu: str) -> Any:

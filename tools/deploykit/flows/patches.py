@@ -42,6 +42,7 @@ and its outputs are the same, bit for bit.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -339,14 +340,16 @@ def _backward(stage: Stage, dim: int, lo: int, hi: int) -> tuple[int, int]:
     return max(a, 0), min(b, size)
 
 
-def _forward(stage: Stage, dim: int, start: int, end: int) -> dict[Any, Span] | None:
+def _forward(stage: Stage, dim: int, start: int, end: int, shrink: bool) -> dict[Any, Span] | None:
     """Each stage tensor's span for an input slice [start, end) of one dimension; None when a
-    strided layer of the tile would sample another grid than the whole map's.
+    strided layer of the tile would sample another grid than the whole map's, or the operands
+    of an elementwise operator would cover different parts of the map.
 
     A window layer pads a tile that reaches a border of the map (its padding there is the
-    map's own) with the layer's padding on both sides, and a tile inside the map not at all:
-    it reads only real rows and computes only the rows they determine. The rows next to a
-    side padded inside the map are wrong and left out of the valid region."""
+    map's own) with the layer's padding on both sides; with `shrink`, a tile inside the map
+    not at all: it reads only real rows and computes only the rows they determine (without,
+    every layer keeps the tile's extent, which elementwise operators over branches need). The
+    rows next to a side padded inside the map are wrong and left out of the valid region."""
     size = stage.input_shape[2 + dim]
     spans: dict[Any, Span] = {stage.input: Span(start, end - start, start, end)}
     full: dict[Any, int] = {stage.input: size}
@@ -354,17 +357,16 @@ def _forward(stage: Stage, dim: int, start: int, end: int) -> dict[Any, Span] | 
         ins = [spans[a] for a in s.inputs]
         full[s.node] = int(s.shape[2 + dim])
         if s.windows is None:
-            # Elementwise: the operands' common part (a larger operand is cut to it).
-            lo = max(i.start for i in ins)
-            hi = min(i.start + i.size for i in ins)
-            spans[s.node] = Span(lo, hi - lo, max(i.valid_lo for i in ins),
+            if len({(i.start, i.size) for i in ins}) != 1:
+                return None
+            spans[s.node] = Span(ins[0].start, ins[0].size, max(i.valid_lo for i in ins),
                                  min(i.valid_hi for i in ins))
             continue
         w = s.windows[dim]
         i = ins[0]
         total = full[s.inputs[0]]
         at_start, at_end = i.start == 0, i.start + i.size == total
-        pad = w.padding if at_start or at_end else 0
+        pad = w.padding if at_start or at_end or not shrink else 0
         if (i.start - pad + w.padding) % w.stride:
             return None
         out_start = (i.start - pad + w.padding) // w.stride
@@ -417,14 +419,14 @@ def plan_dim(stage: Stage, dim: int, parts: int) -> DimPlan:
         found = None
         # The rows the tile needs, else a few more (down to a start where every strided
         # layer samples the map's grid, up to an end that leaves the tile valid).
-        for a in range(need_lo, max(need_lo - 4 * stage.stride[dim], 0) - 1, -1):
-            for b in (need_hi, full):
-                sp = _forward(stage, dim, a, b)
-                got = sp[stage.split.node] if sp is not None else None
-                if got is not None and got.valid_lo <= lo and hi <= got.valid_hi:
-                    found = (a, b), sp
-                    break
-            if found:
+        # A stage with a residual branch keeps the tile's extent through its layers.
+        for shrink, a, b in itertools.product(
+                (True, False), range(need_lo, max(need_lo - 4 * stage.stride[dim], 0) - 1, -1),
+                (need_hi, full)):
+            sp = _forward(stage, dim, a, b, shrink)
+            got = sp[stage.split.node] if sp is not None else None
+            if got is not None and got.valid_lo <= lo and hi <= got.valid_hi:
+                found = (a, b), sp
                 break
         if found is None:
             raise AssertionError(f"no input slice computes [{lo}, {hi}) of dimension {dim}")
@@ -470,11 +472,24 @@ def plan_patches(stage: Stage, grid: tuple[int, int]) -> PatchPlan:
 
 # ---- the rewrite ----
 
-def apply_patches(graph_module: Any, plan: PatchPlan) -> None:
-    """Replace the stage of `graph_module` by its tiles (module docstring), in place."""
+def apply_patches(graph_module: Any, plan: PatchPlan, channels_last: bool = False) -> None:
+    """Replace the stage of `graph_module` by its tiles (module docstring), in place.
+
+    `channels_last`: the stage computes on channels-last (NHWC) tensors, as the CMSIS-NN
+    kernels do. ExecuTorch's portable slice and cat kernels copy in the order of the logical
+    dimensions, which only equals the memory order of a contiguous tensor; so the input
+    (which the flow keeps contiguous) is cut as it is and each tile made channels-last, and
+    each tile's output is made contiguous before it is cut and joined, and the joined map
+    channels-last again (layout copies of a tile, and one of the split's output)."""
     import torch
 
     aten = torch.ops.aten
+
+    def layout(node: Any, like: Any, memory_format: Any) -> Any:
+        if not channels_last:
+            return node
+        return _part(graph, like, fake, aten.clone.default, node, memory_format=memory_format)
+
     graph = graph_module.graph
     stage = plan.stage
     split = stage.split.node
@@ -488,13 +503,16 @@ def apply_patches(graph_module: Any, plan: PatchPlan) -> None:
                             height)
             tiles = []
             for c, (clo, chi) in enumerate(plan.cols.outputs):
-                env: dict[Any, Any] = {stage.input: _crop(graph, stage.input, fake, rows_in, 3,
-                                                          *plan.cols.inputs[c], width)}
+                tile_in = _crop(graph, stage.input, fake, rows_in, 3, *plan.cols.inputs[c],
+                                width)
+                env: dict[Any, Any] = {
+                    stage.input: layout(tile_in, stage.input, torch.channels_last)}
                 for s in stage.nodes:
                     env[s.node] = _copy(graph, s, env, fake, plan.rows.spans[r],
                                         plan.cols.spans[c], r * len(plan.cols.outputs) + c)
                 span = plan.cols.spans[c][split]
-                tiles.append(_crop(graph, split, fake, env[split], 3, clo - span.start,
+                tile_out = layout(env[split], split, torch.contiguous_format)
+                tiles.append(_crop(graph, split, fake, tile_out, 3, clo - span.start,
                                    chi - span.start, span.size))
             strip = tiles[0] if len(tiles) == 1 else \
                 _part(graph, split, fake, aten.cat.default, tiles, 3)
@@ -503,6 +521,7 @@ def apply_patches(graph_module: Any, plan: PatchPlan) -> None:
                                 span.size))
         whole = strips[0] if len(strips) == 1 else \
             _part(graph, split, fake, aten.cat.default, strips, 2)
+        whole = layout(whole, split, torch.channels_last)
     split.replace_all_uses_with(whole)
     for s in reversed(stage.nodes):
         graph.erase_node(s.node)
@@ -522,10 +541,10 @@ def _crop(graph: Any, like: Any, fake: Any, node: Any, dim: int, lo: int, hi: in
     return _part(graph, like, fake, torch.ops.aten.slice.Tensor, node, dim, lo, hi)
 
 
-def _part(graph: Any, whole: Any, fake: Any, target: Any, *args: Any) -> Any:
-    """A slice or concatenation of tiles of `whole` (the input or the split): it holds
-    values of `whole`, so it quantizes as `whole` does."""
-    node = _call(graph, whole, fake, target, *args)
+def _part(graph: Any, whole: Any, fake: Any, target: Any, *args: Any, **kwargs: Any) -> Any:
+    """A slice, concatenation or layout copy of tiles of `whole` (the input or the split): it
+    holds values of `whole`, so it quantizes as `whole` does."""
+    node = _call(graph, whole, fake, target, *args, **kwargs)
     node.meta[ORIGIN_KEY] = whole.name
     return node
 
@@ -541,8 +560,7 @@ _PADDING_ARG = {
 def _copy(graph: Any, s: StageNode, env: dict[Any, Any], fake: Any, rows: dict[Any, Span],
           cols: dict[Any, Span], tile: int) -> Any:
     """`s`'s node on the tile: its stage inputs replaced by the tile's, the rest (parameters,
-    scalars) the same nodes; a window operator with the tile's padding, an elementwise one
-    with its operands cut to their common part.
+    scalars) the same nodes; a window operator with the tile's padding.
 
     A convolution's weight and bias are the same values in a parameter of the tile's own
     (after the first tile): PT2E folds a BatchNorm into the convolution's weight attribute
@@ -557,16 +575,7 @@ def _copy(graph: Any, s: StageNode, env: dict[Any, Any], fake: Any, rows: dict[A
                          if isinstance(a, torch.fx.Node) and a.op == "get_attr"}}
 
     def swap(a: Any) -> Any:
-        if not isinstance(a, torch.fx.Node) or a not in env:
-            return a
-        if s.kind != "binary" or a.op == "get_attr":
-            return env[a]
-        cut = env[a]
-        for dim, spans in ((2, rows), (3, cols)):
-            have, want = spans[a], spans[node]
-            cut = _crop(graph, a, fake, cut, dim, want.start - have.start,
-                        want.start - have.start + want.size, have.size)
-        return cut
+        return env.get(a, a) if isinstance(a, torch.fx.Node) else a
 
     args = list(torch.fx.node.map_aggregate(node.args, swap))
     kwargs = dict(torch.fx.node.map_aggregate(node.kwargs, swap))
@@ -650,9 +659,15 @@ def share_observers(prepared: Any, reference: Any) -> int:
             continue
         observed = node.args[0]
         origin = _origin(observed)
-        if observed.op == "get_attr":
+        # A slice, join or layout copy quantizes as what it copies; that may be a node the
+        # PT2E passes folded away (a BatchNorm): then the node it was folded into.
+        while origin not in by_origin and _is_copy(observed):
+            observed = observed.args[0][0] if _name(observed) == "cat.default" \
+                else observed.args[0]
+            origin = _origin(observed)
+        if node.args[0].op == "get_attr":
             with torch.no_grad():
-                getattr(prepared, node.target)(_attr(prepared, observed.target))
+                getattr(prepared, node.target)(_attr(prepared, node.args[0].target))
         elif origin in by_origin:
             # The state, not the module: a bias's derived quantization spec holds the
             # observer modules it was prepared with.
@@ -667,6 +682,11 @@ def share_observers(prepared: Any, reference: Any) -> int:
                           f"{', '.join(unmatched)}.",
                           "Report this, and export with --patches off meanwhile.")
     return shared
+
+
+def _is_copy(node: Any) -> bool:
+    return node.op == "call_function" and _name(node) in ("slice.Tensor", "cat.default",
+                                                          "clone.default")
 
 
 def _is_observer(node: Any) -> bool:
@@ -720,7 +740,8 @@ class _Live:
 
 def estimate_peak(graph_module: Any, element: Callable[[Any], int],
                   plan: PatchPlan | None = None,
-                  fused: Callable[[Any], bool] = lambda n: False) -> int:
+                  fused: Callable[[Any], bool] = lambda n: False,
+                  channels_last: bool = False) -> int:
     """The most activation bytes live at once when the graph runs layer by layer (`plan`:
     with its stage run in tiles). `element(node)`: bytes per value of a node's output (for
     the input: what the program keeps of it, its planned copy and its int8 copy; 0 for an
@@ -740,7 +761,7 @@ def estimate_peak(graph_module: Any, element: Callable[[Any], int],
     for i, n in enumerate(nodes):
         if n in stage_nodes and n is not plan.stage.input:
             if n is plan.stage.split.node:
-                sizes[n] = _tiled_stage(plan, element, live, size_of(n), fused)
+                sizes[n] = _tiled_stage(plan, element, live, size_of(n), fused, channels_last)
                 live.free(sizes[plan.stage.input])  # its last reader was a slice of a tile
             continue
         sizes[n] = size_of(n)
@@ -755,7 +776,7 @@ def estimate_peak(graph_module: Any, element: Callable[[Any], int],
 
 
 def _tiled_stage(plan: PatchPlan, element: Callable[[Any], int], live: _Live,
-                 whole: int, fused: Callable[[Any], bool]) -> int:
+                 whole: int, fused: Callable[[Any], bool], channels_last: bool) -> int:
     """Walk the tiled stage through `live`; leaves the split's whole output live."""
     stage = plan.stage
     order = [stage.input, *(s.node for s in stage.nodes)]
@@ -786,10 +807,16 @@ def _tiled_stage(plan: PatchPlan, element: Callable[[Any], int], live: _Live,
                     held[n], held[n.args[0]] = held[n.args[0]], 0
                 else:
                     live.make(held[n])
+                if n is stage.input and channels_last:  # the tile's channels-last copy
+                    live.make(held[n])
+                    live.free(held[n])
                 for p in [*(s for s in order if s in n.all_input_nodes)]:
                     if last.get(p, i) <= i:
                         live.free(held[p])
             split = stage.split.node
+            if channels_last:  # the tile's output made contiguous to be cut and joined
+                live.make(held[split])
+                live.free(held[split])
             if (clo, chi) != (cs[split].start, cs[split].start + cs[split].size):
                 crop = tile_bytes(split, rs[split].size, chi - clo)
                 live.make(crop)
@@ -811,6 +838,9 @@ def _tiled_stage(plan: PatchPlan, element: Callable[[Any], int], live: _Live,
     if len(strips) > 1:
         live.make(whole)
         live.free(sum(strips))
+    if channels_last:  # the joined map made channels-last again
+        live.make(whole)
+        live.free(whole)
     return whole
 
 
@@ -837,6 +867,7 @@ class Tiler:
     quantized: bool  # int8 activations (1 byte a value) or float (4)
     plan_inputs: bool  # the input is copied into the planned buffers
     int8_inputs: bool  # the program takes the input as int8
+    channels_last: bool = False  # the flow computes on channels-last (NHWC) tensors
     mac_budget: float = DEFAULT_MAC_BUDGET
     report: dict[str, Any] = field(default_factory=dict)
 
@@ -878,7 +909,8 @@ class Tiler:
                 extra = plan.macs - plan.stage_macs
                 if choice == AUTO and extra > self.mac_budget * macs:
                     continue
-                peak = estimate_peak(graph_module, self.element, plan, self.fused)
+                peak = estimate_peak(graph_module, self.element, plan, self.fused,
+                                     self.channels_last)
                 if best is None or (peak, extra) < best[:2]:
                     best = (peak, extra, plan)
         if best is None:
@@ -904,5 +936,5 @@ class Tiler:
         plan = self.choose(graph_module)
         if plan is None:
             return False
-        apply_patches(graph_module, plan)
+        apply_patches(graph_module, plan, self.channels_last)
         return True
