@@ -178,6 +178,9 @@ def _describe_costs(info: ProgramInfo) -> list[str]:
         lines.append(f"  activation memory: planned {info.planned_total:,} B, lower bound "
                      f"{bound:,} B (live at {info.costs.lower_bound_at}), "
                      f"{info.planned_total / bound:.2f}x")
+    from deploykit.pipeline.chains import patches_notes
+
+    lines += [f"  {line}" for line in patches_notes(info)]
     return lines
 
 

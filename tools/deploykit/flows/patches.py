@@ -938,3 +938,24 @@ class Tiler:
             return False
         apply_patches(graph_module, plan, self.channels_last)
         return True
+
+
+def describe(report: dict[str, Any], planned: int | None = None,
+             bound: int | None = None) -> list[str]:
+    """Lines for the export, inspect and plan reports, from export.json's `patches` entry;
+    `planned`, `bound`: the program's planned activation bytes and its lower bound."""
+    if not report:
+        return []
+    if "grid" not in report:
+        return [f"patches {report.get('setting')}: {report.get('reason', 'left unpatched')}"]
+    lines = [f"patches: {report['grid']} tiles up to {report['split']}, "
+             f"{report['stage_macs']:,} -> {report['tiled_stage_macs']:,} MACs in the stage "
+             f"(+{report['mac_overhead']:.1%} of the model's {report['model_macs']:,})"]
+    without = report["estimated_peak_without"]
+    now = f"planned {planned:,} B" if planned is not None else \
+        f"estimated {report['estimated_peak']:,} B"
+    lines.append(f"patches: activations {now} with patches (lower bound "
+                 f"{bound if bound is not None else report['estimated_peak']:,} B); without "
+                 f"patches the layer-by-layer lower bound is {without:,} B"
+                 + (f" ({planned / without:.2f}x)" if planned is not None and without else ""))
+    return lines
