@@ -47,7 +47,7 @@ from deploykit.flows.mixed_precision import (
     summary,
 )
 from deploykit.flows.one_channel_conv import one_channel_depthwise_as_conv
-from deploykit.flows.patches import OFF, Tiler
+from deploykit.flows.patches import OFF, Tiler, share_constants
 from deploykit.flows.pt2e import dequantize, io_quant, quantize, quantize_pt2e
 from deploykit.util.errors import ConfigError, ExportError
 
@@ -150,6 +150,9 @@ class CortexMInt8(Flow):
             if upstream is None:
                 upstream = failure.upstream(spec.source_path)
             excluded.append(choice)
+        if tiler is not None:
+            with st.step("patches: one placeholder per constant the tiles share"):
+                patches_report["shared_constants"] = share_constants(lowered)
         with st.step("float linears to addmm"):
             lowered = _transform(lowered, decompose_float_linear_pass())
             if options.fold_constants:

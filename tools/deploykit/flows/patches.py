@@ -640,41 +640,41 @@ def tag_origins(graph_module: Any) -> None:
 
 def share_observers(prepared: Any, reference: Any) -> int:
     """Give each activation observer of the tiled, prepared graph `prepared` the state of the
-    observer of the same node (by origin, `tag_origins`) in `reference` (the graph without
+    observer of the same edge (by origin, `tag_origins`) in `reference` (the graph without
     tiles, prepared and calibrated): all tiles of a layer then quantize with the layer's
     scale and zero point, observed on the whole map. A weight's observer sees its weight
-    (what calibration would do). Returns how many observers were shared."""
+    (what calibration would do). Returns how many observers were shared.
+
+    An observer is known by the node it observes (through the observers before it on the
+    same edge: PT2E chains one where a user needs other parameters), how many observers
+    precede it, and the nodes reading it; the match falls back to fewer of these where a
+    tile's edge has no exact counterpart (a slice of the map reads what the map's node
+    read)."""
     import torch
 
-    by_origin: dict[str, Any] = {}
+    ref: dict[tuple[Any, ...], Any] = {}
     for node in reference.graph.nodes:
         if _is_observer(node):
-            origin = _origin(node.args[0])
-            if origin is not None:
-                by_origin.setdefault(origin, getattr(reference, node.target))
+            for key in _observer_keys(node, lambda origin: True):
+                ref.setdefault(key, getattr(reference, node.target))
     shared = 0
     unmatched = []
     for node in prepared.graph.nodes:
         if not _is_observer(node):
             continue
-        observed = node.args[0]
-        origin = _origin(observed)
-        # A slice, join or layout copy quantizes as what it copies; that may be a node the
-        # PT2E passes folded away (a BatchNorm): then the node it was folded into.
-        while origin not in by_origin and _is_copy(observed):
-            observed = observed.args[0][0] if _name(observed) == "cat.default" \
-                else observed.args[0]
-            origin = _origin(observed)
         if node.args[0].op == "get_attr":
             with torch.no_grad():
                 getattr(prepared, node.target)(_attr(prepared, node.args[0].target))
-        elif origin in by_origin:
-            # The state, not the module: a bias's derived quantization spec holds the
-            # observer modules it was prepared with.
-            getattr(prepared, node.target).load_state_dict(by_origin[origin].state_dict())
-            shared += 1
-        else:
-            unmatched.append(observed.name)
+            continue
+        found = next((ref[k] for k in _observer_keys(node, lambda o: any(
+            k[0] == o for k in ref)) if k in ref), None)
+        if found is None:
+            unmatched.append(node.args[0].name)
+            continue
+        # The state, not the module: a bias's derived quantization spec holds the observer
+        # modules it was prepared with.
+        getattr(prepared, node.target).load_state_dict(found.state_dict())
+        shared += 1
     if unmatched:
         from deploykit.util.errors import ExportError
 
@@ -682,6 +682,22 @@ def share_observers(prepared: Any, reference: Any) -> int:
                           f"{', '.join(unmatched)}.",
                           "Report this, and export with --patches off meanwhile.")
     return shared
+
+
+def _observer_keys(observer: Any, known: Callable[[str | None], bool]) -> list[tuple[Any, ...]]:
+    """The keys of an observer, the most specific first: (origin, depth, readers' origins),
+    (origin, depth), (origin,). A slice, join or layout copy quantizes as what it copies,
+    which may be a node the PT2E passes folded away (a BatchNorm): its origin is then looked
+    for through its input (`known`: whether an origin has observers to match)."""
+    observed, depth = observer.args[0], 1
+    while _is_observer(observed):
+        observed, depth = observed.args[0], depth + 1
+    origin = _origin(observed)
+    while not known(origin) and _is_copy(observed):
+        observed = observed.args[0][0] if _name(observed) == "cat.default" else observed.args[0]
+        origin = _origin(observed)
+    readers = frozenset(_origin(u) for u in observer.users)
+    return [(origin, depth, readers), (origin, depth), (origin,)]
 
 
 def _is_copy(node: Any) -> bool:
@@ -959,3 +975,42 @@ def describe(report: dict[str, Any], planned: int | None = None,
                  f"patches the layer-by-layer lower bound is {without:,} B"
                  + (f" ({planned / without:.2f}x)" if planned is not None and without else ""))
     return lines
+
+
+def share_constants(ep: Any) -> int:
+    """Make the tiles' copies of a constant (a convolution's weight, bias, requantization
+    multipliers and shifts: the same values for every tile) one placeholder of the lowered
+    program `ep`, in place: the emitter stores equal data once anyway, but each placeholder is
+    a tensor of its own in the method's values, which the method allocator pays for. Returns
+    how many placeholders were merged."""
+    import hashlib
+
+    import torch
+    from executorch.backends.transforms.utils import (
+        delete_constant_placeholder,
+        get_param_tensor,
+        is_param_node,
+    )
+
+    first: dict[tuple[Any, ...], Any] = {}
+    merged = 0
+    for node in list(ep.graph.nodes):
+        if node.op != "placeholder" or not is_param_node(ep, node):
+            continue
+        tensor = get_param_tensor(ep, node)
+        if tensor is None:
+            continue
+        data = tensor.detach().contiguous().cpu()
+        key = (str(data.dtype), tuple(data.shape), tuple(data.stride()),
+               hashlib.sha256(data.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+               if data.numel() else "")
+        kept = first.setdefault(key, node)
+        if kept is node:
+            continue
+        node.replace_all_uses_with(kept)
+        delete_constant_placeholder(ep, node)
+        merged += 1
+    if merged:
+        ep.graph.lint()
+        ep.graph_module.recompile()
+    return merged
