@@ -645,9 +645,9 @@ def share_observers(prepared: Any, reference: Any) -> int:
     scale and zero point, observed on the whole map. A weight's observer sees its weight
     (what calibration would do). Returns how many observers were shared.
 
-    An observer is known by the node it observes (through the observers before it on the
-    same edge: PT2E chains one where a user needs other parameters), how many observers
-    precede it, and the nodes reading it; the match falls back to fewer of these where a
+    An observer is known by its kind, the node it observes (through the observers before it
+    on the same edge: PT2E chains one where a user needs other parameters), how many
+    observers precede it, and the nodes reading it; the match falls back to fewer of these where a
     tile's edge has no exact counterpart (a slice of the map reads what the map's node
     read)."""
     import torch
@@ -655,8 +655,9 @@ def share_observers(prepared: Any, reference: Any) -> int:
     ref: dict[tuple[Any, ...], Any] = {}
     for node in reference.graph.nodes:
         if _is_observer(node):
+            module = getattr(reference, node.target)
             for key in _observer_keys(node, lambda origin: True):
-                ref.setdefault(key, getattr(reference, node.target))
+                ref.setdefault((type(module).__name__, *key), module)
     shared = 0
     unmatched = []
     for node in prepared.graph.nodes:
@@ -666,8 +667,9 @@ def share_observers(prepared: Any, reference: Any) -> int:
             with torch.no_grad():
                 getattr(prepared, node.target)(_attr(prepared, node.args[0].target))
             continue
-        found = next((ref[k] for k in _observer_keys(node, lambda o: any(
-            k[0] == o for k in ref)) if k in ref), None)
+        kind = type(getattr(prepared, node.target)).__name__
+        found = next((ref[(kind, *k)] for k in _observer_keys(node, lambda o: any(
+            k[1] == o for k in ref)) if (kind, *k) in ref), None)
         if found is None:
             unmatched.append(node.args[0].name)
             continue
