@@ -42,6 +42,7 @@ and its outputs are the same, bit for bit.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import re
@@ -586,9 +587,9 @@ def _copy(graph: Any, s: StageNode, env: dict[Any, Any], fake: Any, rows: dict[A
             args.append(defaults[len(args) - 2])
         padding = [rows[node].padding, cols[node].padding]
         args[index:index + 1] = [padding]
-    copy = _call(graph, node, fake, node.target, *args, **kwargs)
-    copy.meta[ORIGIN_KEY] = node.name
-    return copy
+    tile_node = _call(graph, node, fake, node.target, *args, **kwargs)
+    tile_node.meta[ORIGIN_KEY] = node.name
+    return tile_node
 
 
 def _own_parameter(graph: Any, attr: Any, tile: int, fake: Any) -> Any:
@@ -660,6 +661,7 @@ def share_observers(prepared: Any, reference: Any) -> int:
                 ref.setdefault((type(module).__name__, *key), module)
     shared = 0
     unmatched = []
+    states: dict[str, Any] = {}  # observer module name -> the observer whose state it took
     for node in prepared.graph.nodes:
         if not _is_observer(node):
             continue
@@ -671,11 +673,25 @@ def share_observers(prepared: Any, reference: Any) -> int:
         found = next((ref[(kind, *k)] for k in _observer_keys(node, lambda o: any(
             k[1] == o for k in ref)) if (kind, *k) in ref), None)
         if found is None:
+            # A slice, join or layout copy shares its input's quantization parameters: the
+            # observer that feeds it has them (already set: the graph is in order).
+            feeding = _copied(node.args[0])
+            if feeding is not None and _is_observer(feeding) and feeding.target in states:
+                found = states[feeding.target]
+        if found is None:
             unmatched.append(node.args[0].name)
             continue
         # The state, not the module: a bias's derived quantization spec holds the observer
         # modules it was prepared with.
-        getattr(prepared, node.target).load_state_dict(found.state_dict())
+        observer = getattr(prepared, node.target)
+        if type(observer) is type(found):
+            observer.load_state_dict(found.state_dict())
+        else:
+            # A copy observed by another kind than what it copies (where the quantizer gave
+            # the copy a default specification): its parameters must still be those of
+            # its input, so it computes them as that observer does.
+            observer.calculate_qparams = copy.deepcopy(found).calculate_qparams
+        states[node.target] = found
         shared += 1
     if unmatched:
         from deploykit.util.errors import ExportError
@@ -696,10 +712,19 @@ def _observer_keys(observer: Any, known: Callable[[str | None], bool]) -> list[t
         observed, depth = observed.args[0], depth + 1
     origin = _origin(observed)
     while not known(origin) and _is_copy(observed):
-        observed = observed.args[0][0] if _name(observed) == "cat.default" else observed.args[0]
+        observed = _copied(observed)
+        while _is_observer(observed):
+            observed = observed.args[0]
         origin = _origin(observed)
     readers = frozenset(_origin(u) for u in observer.users)
     return [(origin, depth, readers), (origin, depth), (origin,)]
+
+
+def _copied(node: Any) -> Any:
+    """What a slice, join or layout copy `node` reads (a join: its first part), else None."""
+    if not _is_copy(node):
+        return None
+    return node.args[0][0] if _name(node) == "cat.default" else node.args[0]
 
 
 def _is_copy(node: Any) -> bool:
