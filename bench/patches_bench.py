@@ -41,7 +41,7 @@ def measure(board: str, model: str, patches: str, profile: str, out: Path,
         "planned": exported["planned_buffers"][-1],
         "method_pool": report.memory.get("method_pool", (None, None))[0],
         "pte": exported["pte"]["size"],
-        "patches": exported.get("cortex_m_target", {}).get("patches"),
+        "patches": exported.get("patches"),
         "reference": out / "export" / "reference.npz",
     }
 

@@ -90,7 +90,7 @@ def test_tiles_give_the_unpatched_programs_outputs_bit_for_bit(tmp_path_factory,
     assert np.array_equal(tiled["input_0"], plain["input_0"])
     assert np.array_equal(tiled["output_0"], plain["output_0"])
     exported = json.loads((base / "tiles" / "export" / "export.json").read_text())
-    patches = exported["cortex_m_target"]["patches"]
+    patches = exported["patches"]
     assert patches["grid"] == "2x2"
     assert exported["planned_buffers"][-1] < untiled.planned_buffers[-1]
     assert exported["planned_buffers"][-1] == patches["estimated_peak"]

@@ -226,3 +226,35 @@ def test_a_grid_larger_than_the_map_is_an_error():
     with pytest.raises(ConfigError, match="larger than the map"):
         Tiler("9x1", quantized=False, plan_inputs=False, int8_inputs=False).rewrite(
             graph_module)
+
+
+def test_the_ethos_u_flow_refuses_patches_with_the_reason():
+    from deploykit.pipeline.target import resolve_target
+
+    with pytest.raises(ConfigError, match="ethos_u_int8 flow cannot run patches: Vela"):
+        resolve_target("corstone-320", flow="ethos_u_int8", patches="auto")
+
+
+def test_patches_reach_the_export_options():
+    from deploykit.pipeline.target import resolve_target
+
+    target = resolve_target("qemu-an505", flow="cortex_m_int8", patches="3X2")
+    assert target.profile.export_options().patches == "3x2"
+    assert "patches=3x2" in target.profile.export_options().key()
+    plain = resolve_target("qemu-an505", flow="cortex_m_int8")
+    assert plain.profile.export_options().patches == OFF
+    assert "patches" not in plain.profile.export_options().key()  # the cache key of today
+    with pytest.raises(ConfigError, match="--patches 3by2: not a tile grid"):
+        resolve_target("qemu-an505", flow="cortex_m_int8", patches="3by2")
+
+
+def test_the_project_file_sets_patches(tmp_path):
+    from deploykit import api
+
+    project = tmp_path / "deploykit.toml"
+    project.write_text('board = "qemu-an505"\nflow = "cortex_m_int8"\npatches = "2x2"\n')
+    cmd = api.command(project=project, needs_model=False)
+    assert cmd.target.profile.patches == "2x2"
+    project.write_text('board = "qemu-an505"\npatches = "2x"\n')
+    with pytest.raises(ConfigError):
+        api.command(project=project, needs_model=False)

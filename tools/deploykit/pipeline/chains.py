@@ -220,7 +220,7 @@ def patches_notes(program: ProgramInfo) -> list[str]:
         return []
     if report.get("pte", {}).get("sha256") != program.sha256:
         return []
-    patches = report.get("cortex_m_target", {}).get("patches") or report.get("patches")
+    patches = report.get("patches")
     bound = program.costs.activation_lower_bound if program.costs else None
     return describe_patches(patches or {}, program.planned_total, bound)
 
