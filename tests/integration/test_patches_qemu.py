@@ -93,5 +93,7 @@ def test_tiles_give_the_unpatched_programs_outputs_bit_for_bit(tmp_path_factory,
     patches = exported["patches"]
     assert patches["grid"] == "2x2"
     assert exported["planned_buffers"][-1] < untiled.planned_buffers[-1]
-    assert exported["planned_buffers"][-1] == patches["estimated_peak"]
+    # The estimate the grid was chosen by is the plan's, but for the CMSIS-NN scratch
+    # buffers the MVE kernels take (planned too).
+    assert patches["estimated_peak"] <= exported["planned_buffers"][-1]
     assert "patches: 2x2 tiles" in api.describe_export(load_export(base / "tiles" / "export"))
