@@ -20,7 +20,7 @@ from tests.markers import requires_cmake, requires_qemu, requires_sources, requi
 
 pytestmark = [requires_toolchain, requires_cmake, requires_qemu, requires_sources]
 
-# The first layers of a MobileNet at 64x64: a strided stem, a depthwise-separable block with
+# The first layers of a MobileNet at 96x96: a strided stem, a depthwise-separable block with
 # a max pooling, an inverted-residual block (a residual add inside the stage), then a global
 # pool and a classifier (where tiling stops).
 SMALL_CNN = textwrap.dedent("""
@@ -63,11 +63,11 @@ SMALL_CNN = textwrap.dedent("""
 
     def example_inputs():
         g = torch.Generator().manual_seed(1)
-        return (torch.rand(1, 3, 64, 64, generator=g),)
+        return (torch.rand(1, 3, 96, 96, generator=g),)
 
     def calibration_inputs():
         g = torch.Generator().manual_seed(2)
-        return [example_inputs(), *((torch.rand(1, 3, 64, 64, generator=g),) for _ in range(3))]
+        return [example_inputs(), *((torch.rand(1, 3, 96, 96, generator=g),) for _ in range(3))]
 """)
 
 
@@ -93,7 +93,8 @@ def test_tiles_give_the_unpatched_programs_outputs_bit_for_bit(tmp_path_factory,
     patches = exported["patches"]
     assert patches["grid"] == "2x2"
     assert exported["planned_buffers"][-1] < untiled.planned_buffers[-1]
-    # The estimate the grid was chosen by is the plan's, but for the CMSIS-NN scratch
-    # buffers the MVE kernels take (planned too).
-    assert patches["estimated_peak"] <= exported["planned_buffers"][-1]
+    # The estimate the grid was chosen by is near the plan (the CMSIS-NN scratch buffers,
+    # planned too, are not in it).
+    assert abs(exported["planned_buffers"][-1] - patches["estimated_peak"]) <= \
+        0.1 * patches["estimated_peak"]
     assert "patches: 2x2 tiles" in api.describe_export(load_export(base / "tiles" / "export"))

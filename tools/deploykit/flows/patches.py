@@ -43,7 +43,6 @@ and its outputs are the same, bit for bit.
 from __future__ import annotations
 
 import copy
-import itertools
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -405,6 +404,45 @@ class DimPlan:
     spans: tuple[dict[Any, Span], ...]
 
 
+def _covers(stage: Stage, spans: dict[Any, Span] | None, lo: int, hi: int) -> bool:
+    got = spans[stage.split.node] if spans is not None else None
+    return got is not None and got.valid_lo <= lo and hi <= got.valid_hi
+
+
+def _exact_slice(stage: Stage, dim: int, lo: int, hi: int, need_lo: int,
+                 need_hi: int) -> tuple[tuple[int, int], dict[Any, Span]] | None:
+    """The input slice of the split's [lo, hi) when every layer reads only what it needs (a
+    tile inside the map unpadded): the rows the receptive field needs, else a few more
+    (down to a start where every strided layer samples the map's grid)."""
+    for a in range(need_lo, max(need_lo - 4 * stage.stride[dim], 0) - 1, -1):
+        spans = _forward(stage, dim, a, need_hi, shrink=True)
+        if _covers(stage, spans, lo, hi):
+            return (a, need_hi), spans
+    return None
+
+
+def _widened_slice(stage: Stage, dim: int, lo: int, hi: int, need_lo: int, need_hi: int,
+                   full: int) -> tuple[tuple[int, int], dict[Any, Span]] | None:
+    """The input slice of the split's [lo, hi) when every layer keeps the tile's extent (a
+    stage with a residual branch): each layer's padding inside the map spoils the rows next
+    to it, so the slice widens, by whole steps of the stage's stride (which keeps every
+    strided layer on the map's grid), until the split's valid rows cover the tile."""
+    step = stage.stride[dim]
+    a, b = need_lo - need_lo % step, need_hi
+    while True:
+        spans = _forward(stage, dim, a, b, shrink=False)
+        if spans is None:
+            return None
+        if _covers(stage, spans, lo, hi):
+            return (a, b), spans
+        got = spans[stage.split.node]
+        wider = (max(0, a - (got.valid_lo - lo) * step) if got.valid_lo > lo else a,
+                 min(full, b + (hi - got.valid_hi) * step) if got.valid_hi < hi else b)
+        if wider == (a, b):
+            return None
+        a, b = wider
+
+
 def plan_dim(stage: Stage, dim: int, parts: int) -> DimPlan:
     size = stage.split.shape[2 + dim]
     if parts > size:
@@ -417,18 +455,8 @@ def plan_dim(stage: Stage, dim: int, parts: int) -> DimPlan:
     inputs, spans = [], []
     for lo, hi in outputs:
         need_lo, need_hi = _backward(stage, dim, lo, hi)
-        found = None
-        # The rows the tile needs, else a few more (down to a start where every strided
-        # layer samples the map's grid, up to an end that leaves the tile valid).
-        # A stage with a residual branch keeps the tile's extent through its layers.
-        for shrink, a, b in itertools.product(
-                (True, False), range(need_lo, max(need_lo - 4 * stage.stride[dim], 0) - 1, -1),
-                (need_hi, full)):
-            sp = _forward(stage, dim, a, b, shrink)
-            got = sp[stage.split.node] if sp is not None else None
-            if got is not None and got.valid_lo <= lo and hi <= got.valid_hi:
-                found = (a, b), sp
-                break
+        found = _exact_slice(stage, dim, lo, hi, need_lo, need_hi) or \
+            _widened_slice(stage, dim, lo, hi, need_lo, need_hi, full)
         if found is None:
             raise AssertionError(f"no input slice computes [{lo}, {hi}) of dimension {dim}")
         inputs.append(found[0])
