@@ -18,6 +18,7 @@ from deploykit.flows.patches import (
     ORIGIN_KEY,
     Tiler,
     apply_patches,
+    describe,
     estimate_peak,
     find_stages,
     parse_patches,
@@ -258,3 +259,21 @@ def test_the_project_file_sets_patches(tmp_path):
     project.write_text('board = "qemu-an505"\npatches = "2x"\n')
     with pytest.raises(ConfigError):
         api.command(project=project, needs_model=False)
+
+
+def test_more_tiles_cost_more_method_pool_and_the_report_says_so():
+    module, size = CASES["depthwise and pointwise, BatchNorm"]
+    graph_module = _graph(module, torch.randn(1, 3, 4 * size, 4 * size))
+    stages = find_stages(graph_module)
+    stage = stages.stage(stages.splits[-1])
+    tiler = Tiler(AUTO, quantized=True, plan_inputs=False, int8_inputs=True,
+                  channels_last=True)
+    growth = [tiler.method_growth(plan_patches(stage, grid)) for grid in [(1, 2), (2, 2),
+                                                                          (3, 3)]]
+    assert 0 < growth[0] < growth[1] < growth[2]
+    assert tiler.rewrite(graph_module)
+    lines = describe(tiler.report, planned=1000, bound=900)
+    assert lines[0].startswith(f"patches: {tiler.report['grid']} tiles up to ")
+    assert "planned 1,000 B with patches (lower bound 900 B)" in lines[1]
+    assert describe({"setting": "auto", "reason": "left unpatched: x"}) == [
+        "patches auto: left unpatched: x"]
