@@ -180,6 +180,9 @@ def _describe_costs(info: ProgramInfo) -> list[str]:
         lines.append(f"  activation memory: planned {info.planned_total:,} B, lower bound "
                      f"{bound:,} B (live at {info.costs.lower_bound_at}), "
                      f"{info.planned_total / bound:.2f}x")
+    from deploykit.pipeline.chains import patches_notes
+
+    lines += [f"  {line}" for line in patches_notes(info)]
     return lines
 
 
@@ -236,13 +239,14 @@ def default_out(board: str, model: str) -> Path:
 
 
 def target(board: str | Path | Board, *, flow: str | None = None, profile: str | None = None,
-           strict: bool = False, npu_macs: int | None = None,
+           strict: bool = False, patches: str | None = None, npu_macs: int | None = None,
            npu_memory_mode: str | None = None, runner_options: dict | None = None) -> Target:
     """What a command builds for, resolved and checked once (pipeline/target.py): the board as
     compiled, its family, the flow, the build profile, the NPU settings and the runner."""
     from deploykit.pipeline.target import resolve_target
 
-    return resolve_target(board, flow=flow, profile=profile, strict=strict, npu_macs=npu_macs,
+    return resolve_target(board, flow=flow, profile=profile, strict=strict, patches=patches,
+                          npu_macs=npu_macs,
                           npu_memory_mode=npu_memory_mode, runner_options=runner_options)
 
 
@@ -274,8 +278,8 @@ def command(board: str | Path | None = None, model: str | None = None, *,
             project: ProjectChoice = None, needs_model: bool = True, runs: bool = False,
             **given) -> Command:
     """Resolve a command's settings and its Target once: the arguments (`given`: flow, profile,
-    strict, npu_macs, npu_memory_mode, fit, inputs, expect, atol, rtol, timeout and the runner
-    options; None where not given) over the project file (pipeline/project.py). `runs`: the
+    strict, patches, npu_macs, npu_memory_mode, fit, inputs, expect, atol, rtol, timeout and the
+    runner options; None where not given) over the project file (pipeline/project.py). `runs`: the
     command runs the board, so the runner options apply."""
     from deploykit.pipeline.project import (
         choose,
@@ -300,7 +304,8 @@ def command(board: str | Path | None = None, model: str | None = None, *,
     model_value = choices.model
     resolved = resolve_target(
         choices.board, flow=choices.value("flow"), profile=choices.value("profile"),
-        strict=bool(choices.value("strict")), npu_macs=choices.value("npu_macs"),
+        strict=bool(choices.value("strict")), patches=choices.value("patches"),
+        npu_macs=choices.value("npu_macs"),
         npu_memory_mode=choices.value("npu_memory_mode"),
         runner_options=choices.runner_options() if runs else None,
         origins=choices.origins(),
@@ -354,8 +359,11 @@ def describe_config(choices: Choices, rows: list) -> str:
 def export(board: str | None = None, model: str | None = None, flow: str | None = None,
            out: Path | None = None, progress: Progress = _quiet, npu_macs: int | None = None,
            npu_memory_mode: str | None = None, profile: str | None = None,
-           strict: bool | None = None, *, project: ProjectChoice = None):
-    """`strict`: an operator the int8 lowering cannot take is an error, instead of being kept
+           strict: bool | None = None,
+           patches: str | None = None, *, project: ProjectChoice = None):
+    """`patches`: "auto", "off" or a grid "NxM": the first stage of an image model runs in
+    tiles (flows/patches.py, docs/memory.md). `strict`: an operator the int8 lowering cannot
+    take is an error, instead of being kept
     in float (automatic mixed precision of the cortex_m flow); and a program that still has an
     island outside the flow's target kernels (program/costs.py) is refused, listing them
     (int8 layout copies alone are no such island: they compute nothing). `board`, `model` and
@@ -363,6 +371,7 @@ def export(board: str | None = None, model: str | None = None, flow: str | None 
     from deploykit.pipeline.chains import export_stage
 
     cmd = command(board, model, project=project, flow=flow, profile=profile, strict=strict,
+                  patches=patches,
                   npu_macs=npu_macs, npu_memory_mode=npu_memory_mode)
     out = cmd.out(out)
     with out_lock(out):
@@ -394,7 +403,8 @@ def describe_export(result) -> str:
 def plan(board: str | None = None, model: str | None = None, flow: str | None = None,
          out: Path | None = None, workspace: Path | None = None, progress: Progress = _quiet,
          npu_macs: int | None = None, npu_memory_mode: str | None = None,
-         profile: str | None = None, pte: Path | None = None, strict: bool | None = None, *,
+         profile: str | None = None, pte: Path | None = None, strict: bool | None = None,
+         patches: str | None = None, *,
          project: ProjectChoice = None):
     """The memory plan of `model` (exported first) or of an existing `.pte` on `board`; raises
     MemoryPlanError, naming the region, when it does not fit. Written to <out>/plan.json."""
@@ -404,7 +414,7 @@ def plan(board: str | None = None, model: str | None = None, flow: str | None = 
         raise ConfigError("Plan a model or a .pte, one of them.",
                           "Give --model NAME (exported first) or --pte FILE.pte.")
     cmd = command(board, model, project=project, needs_model=pte is None, flow=flow,
-                  profile=profile, strict=strict, npu_macs=npu_macs,
+                  profile=profile, strict=strict, patches=patches, npu_macs=npu_macs,
                   npu_memory_mode=npu_memory_mode)
     if pte is not None:
         return plan_pte(cmd.target, Path(pte), out, progress)
@@ -416,7 +426,8 @@ def plan(board: str | None = None, model: str | None = None, flow: str | None = 
 def build(board: str | None = None, model: str | None = None, flow: str | None = None,
           out: Path | None = None, workspace: Path | None = None, progress: Progress = _quiet,
           npu_macs: int | None = None, npu_memory_mode: str | None = None,
-          profile: str | None = None, fit: bool | None = None, strict: bool | None = None, *,
+          profile: str | None = None, fit: bool | None = None, strict: bool | None = None,
+          patches: str | None = None, *,
           project: ProjectChoice = None):
     """`profile`: a build profile name (deploykit.pipeline.profiles; default: the board file's
     `profile:`, else size). `fit`: measure the model on the board's runner first when no
@@ -425,6 +436,7 @@ def build(board: str | None = None, model: str | None = None, flow: str | None =
     from deploykit.pipeline.chains import build_firmware
 
     cmd = command(board, model, project=project, flow=flow, profile=profile, strict=strict,
+                  patches=patches,
                   npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit)
     out = cmd.out(out)
     with out_lock(out):
@@ -439,7 +451,8 @@ def run(board: str | None = None, model: str | None = None, flow: str | None = N
         progress: Progress = _quiet, npu_macs: int | None = None,
         npu_memory_mode: str | None = None, runner_options: dict | None = None,
         inputs: Path | None = None, profile: str | None = None, fit: bool | None = None,
-        atol: float | None = None, rtol: float | None = None, strict: bool | None = None, *,
+        atol: float | None = None, rtol: float | None = None, strict: bool | None = None,
+        patches: str | None = None, *,
         expect: Path | None = None, no_compare: bool = False,
         project: ProjectChoice = None):
     """Build, run on the board's runner, compare with the host. For a .pte as the model,
@@ -452,7 +465,8 @@ def run(board: str | None = None, model: str | None = None, flow: str | None = N
     from deploykit.pipeline.chains import run_firmware
 
     cmd = command(board, model, project=project, runs=True, flow=flow, profile=profile,
-                  strict=strict, npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit,
+                  strict=strict, patches=patches, npu_macs=npu_macs,
+                  npu_memory_mode=npu_memory_mode, fit=fit,
                   inputs=inputs, atol=atol, rtol=rtol, timeout=timeout, expect=expect,
                   **(runner_options or {}))
     out = cmd.out(out)
@@ -614,7 +628,7 @@ def profile(board: str | None = None, model: str | None = None, flow: str | None
             timeout: float | None = None, progress: Progress = _quiet,
             npu_macs: int | None = None, npu_memory_mode: str | None = None,
             runner_options: dict | None = None, profile: str | None = None,
-            fit: bool | None = None, strict: bool | None = None, *,
+            fit: bool | None = None, strict: bool | None = None, patches: str | None = None, *,
             project: ProjectChoice = None):
     """Per-operator profile of `model` on `board` (profiling/stage.py, docs/profiling.md):
     builds profiling firmware and the plain one, runs both, writes <out>/profile/. `strict`:
@@ -622,7 +636,8 @@ def profile(board: str | None = None, model: str | None = None, flow: str | None
     from deploykit.profiling.stage import profile_model
 
     cmd = command(board, model, project=project, runs=True, flow=flow, profile=profile,
-                  strict=strict, npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit,
+                  strict=strict, patches=patches, npu_macs=npu_macs,
+                  npu_memory_mode=npu_memory_mode, fit=fit,
                   timeout=timeout, **(runner_options or {}))
     out = cmd.out(out)
     with out_lock(out):
@@ -637,13 +652,15 @@ def debug_intermediates(board: str | None = None, model: str | None = None,
                         npu_memory_mode: str | None = None, runner_options: dict | None = None,
                         profile: str | None = None, fit: bool | None = None,
                         atol: float | None = None, rtol: float | None = None,
-                        strict: bool | None = None, *, project: ProjectChoice = None):
+                        strict: bool | None = None,
+                        patches: str | None = None, *, project: ProjectChoice = None):
     """Every operator's device output against the host's, in execution order (`deploykit run
     --debug-intermediates`; profiling/stage.py, docs/profiling.md)."""
     from deploykit.profiling.stage import debug_intermediates as debug
 
     cmd = command(board, model, project=project, runs=True, flow=flow, profile=profile,
-                  strict=strict, npu_macs=npu_macs, npu_memory_mode=npu_memory_mode, fit=fit,
+                  strict=strict, patches=patches, npu_macs=npu_macs,
+                  npu_memory_mode=npu_memory_mode, fit=fit,
                   atol=atol, rtol=rtol, timeout=timeout, **(runner_options or {}))
     out = cmd.out(out)
     atol, rtol = cmd.choices.tolerance()

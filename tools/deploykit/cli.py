@@ -79,6 +79,13 @@ def _common(p: argparse.ArgumentParser, *, board: bool = True, model: bool = Tru
                        help="cortex_m_int8: fail when an operator cannot be lowered to "
                        "int8, instead of keeping it in float (automatic mixed precision; "
                        "docs/int8-coverage.md)")
+        p.add_argument("--patches", metavar="auto|NxM|off",
+                       help="run the first layers of an image model on N x M overlapping "
+                       "tiles, one at a time, so that their large feature maps are never "
+                       "whole (cortex_m_int8, portable_fp32); auto picks the grid and the "
+                       "last tiled layer with the least activation memory within 25%% more "
+                       "MACs (default: the board file's export.patches, else off; "
+                       "docs/memory.md)")
     p.add_argument("--out", type=Path, help=f"output directory (default {out_default})")
 
 
@@ -521,7 +528,8 @@ def _given_runner_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _setting_options(args: argparse.Namespace) -> dict[str, Any]:
     """The settings `deploykit config` was given (pipeline/project.py's names)."""
-    names = ("flow", "profile", "npu_macs", "npu_memory_mode", "strict", "fit", "inputs",
+    names = ("flow", "profile", "npu_macs", "npu_memory_mode", "strict", "patches", "fit",
+             "inputs",
              "expect", "atol", "rtol", "timeout")
     return {**{n: getattr(args, n, None) for n in names}, **_given_runner_options(args)}
 
@@ -639,7 +647,7 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
     common = {"board": args.board, "model": args.model, "out": args.out,
               "progress": out.progress, "flow": args.flow, "npu_macs": args.npu_macs,
               "npu_memory_mode": args.npu_memory_mode, "profile": args.profile,
-              "strict": args.strict, "project": project}
+              "strict": args.strict, "patches": args.patches, "project": project}
     if cmd == "export":
         result = api.export(**common)
         out.result(result, api.describe_export(result))

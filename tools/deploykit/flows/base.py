@@ -49,11 +49,15 @@ class ExportOptions:
     # calibration_inputs() (its example inputs when it has none); "example", its example
     # inputs alone (`deploykit validate` shows the accuracy of both, docs/validation.md).
     calibration: str = "model"
+    # Patch-based execution of the first stage (flows/patches.py): "off", "auto" or a grid
+    # "NxM" of tiles.
+    patches: str = "off"
 
     def key(self) -> str:
         return (f"fold_constants={self.fold_constants} int8_io={self.int8_io} "
                 f"plan_inputs={self.plan_inputs}" + (" strict=True" if self.strict else "")
-                + (f" calibration={self.calibration}" if self.calibration != "model" else ""))
+                + (f" calibration={self.calibration}" if self.calibration != "model" else "")
+                + (f" patches={self.patches}" if self.patches != "off" else ""))
 
     def backend_config(self, **kwargs: Any) -> Any:
         """to_executorch's ExecutorchBackendConfig for these options (and `kwargs`)."""
@@ -144,6 +148,9 @@ class Flow(abc.ABC):
     quantized: ClassVar[bool] = False  # outputs carry quantization steps (tolerance default)
     # The reference kind when the flow's preferred reference could not run.
     fallback_reference_kind: ClassVar[str]
+    # Why `--patches` (flows/patches.py) cannot apply to this flow's programs; "" when it can.
+    patches_refusal: ClassVar[str] = ("it does not tile its programs' first layers (patches "
+                                      "run in the cortex_m_int8 and portable_fp32 flows)")
 
     def applies_to(self, board: Board) -> str | None:
         """None when the flow can target `board`, else why not (shown to the user)."""

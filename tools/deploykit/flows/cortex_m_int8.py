@@ -47,6 +47,7 @@ from deploykit.flows.mixed_precision import (
     summary,
 )
 from deploykit.flows.one_channel_conv import one_channel_depthwise_as_conv
+from deploykit.flows.patches import OFF, Tiler, share_constants
 from deploykit.flows.pt2e import dequantize, io_quant, quantize, quantize_pt2e
 from deploykit.util.errors import ConfigError, ExportError
 
@@ -71,6 +72,7 @@ class CortexMInt8(Flow):
                       "(CMSIS-NN semantics), else the quantized PT2E model")
     quantized = True
     fallback_reference_kind = "pt2e-quantized-torch"
+    patches_refusal = ""
 
     def validate(self, target: ExportTarget) -> None:
         super().validate(target)
@@ -99,6 +101,22 @@ class CortexMInt8(Flow):
         excluded: list[FloatChoice] = []
         upstream: UpstreamFailure | None = None
         conv1d = Conv1dRewrite((), ())
+        tiler = None
+        untiled_inputs = None
+        patches_report: dict[str, Any] = {}
+        if options.patches != OFF:
+            tiler = Tiler(options.patches, quantized=True, plan_inputs=options.plan_inputs,
+                          int8_inputs=options.int8_io, channels_last=True)
+            with st.step("patches (the grid and the split)"):
+                probe = torch.export.export(spec.module, inputs).module(check_guards=False)
+                plan = tiler.choose(probe)
+                patches_report = tiler.report
+                if plan is None:
+                    tiler = None  # left unpatched: the program is the one without patches
+                else:
+                    # The tiles cut the input where its memory order is its logical order.
+                    nhwc = _contiguous
+                    untiled_inputs, inputs = inputs, tuple(t.contiguous() for t in inputs)
 
         def conv1d_rewrite(graph_module: Any) -> None:
             # CMSIS-NN has no 1-D convolution: each Conv1d becomes a Conv2d of height 1.
@@ -107,8 +125,9 @@ class CortexMInt8(Flow):
 
         while True:
             quantizer = excluding(CortexMQuantizer(), excluded, spec.source_path)
-            converted, reference, eager = quantize_pt2e(spec, st, inputs, calibration,
-                                                        quantizer, conv1d_rewrite)
+            converted, reference, eager = quantize_pt2e(
+                spec, st, inputs, calibration, quantizer, conv1d_rewrite,
+                tiler.rewrite if tiler is not None else None, untiled_inputs)
             with st.step("torch.export (quantized)"):
                 qep = torch.export.export(converted, inputs)
             with st.step("to_edge_transform_and_lower"):
@@ -131,6 +150,9 @@ class CortexMInt8(Flow):
             if upstream is None:
                 upstream = failure.upstream(spec.source_path)
             excluded.append(choice)
+        if tiler is not None:
+            with st.step("patches: one placeholder per constant the tiles share"):
+                patches_report["shared_constants"] = share_constants(lowered)
         with st.step("float linears to addmm"):
             lowered = _transform(lowered, decompose_float_linear_pass())
             if options.fold_constants:
@@ -202,7 +224,8 @@ class CortexMInt8(Flow):
                 "one_channel_depthwise_as_conv": one_channel_convs,
                 **({"int8_inputs": int8_inputs, "int8_outputs": int8_outputs}
                    if options.int8_io else {})},
-                "mixed_precision": mixed},
+                "mixed_precision": mixed,
+                **({"patches": patches_report} if patches_report else {})},
             reference_report={"cortex_m_dialect_check": dialect_check},
             warnings=warnings, etrecord=program.get_etrecord(),
             files={NOTES_NAME: upstream.log_text(spec.source_path, target.cpu,
@@ -224,6 +247,10 @@ class CortexMInt8(Flow):
 
     def program_report(self, op_list: list[str]) -> dict[str, Any]:
         return {"non_cortex_m_ops": [o for o in op_list if not o.startswith("cortex_m::")]}
+
+
+def _contiguous(t: Any) -> Any:
+    return t.clone().contiguous()
 
 
 def _target_config(cpu: str) -> Any:

@@ -79,6 +79,12 @@ class EthosUInt8(Flow):
     needs_npu = True
     quantized = True
     fallback_reference_kind = "pt2e-quantized-torch"
+    # Vela compiles the delegated graph into one command stream and places its tensors in
+    # the NPU's memories itself (it cascades the first layers in stripes on its own); tiles
+    # made before it would only be more operators for it to place.
+    patches_refusal = ("Vela compiles the graph into one NPU command stream and plans the "
+                       "NPU's SRAM itself (with its own cascading of the first layers), so "
+                       "tiles made before it would not change ExecuTorch's planned buffers")
 
     def applies_to(self, board: Board) -> str | None:
         return None if board.npu is not None else f"{board.name} has no NPU"

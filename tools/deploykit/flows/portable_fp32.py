@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploykit.flows.base import ExportOptions, ExportTarget, Flow, FlowResult
 from deploykit.flows.common import flatten_tensors
+from deploykit.flows.patches import OFF, Tiler
 from deploykit.readers.op_coverage import check_coverage, graph_op_names
 from deploykit.util.errors import ExportError
 
@@ -29,6 +30,7 @@ class PortableFp32(Flow):
     lowering = "to_edge_transform_and_lower without a partitioner, constant_prop_pass"
     host_reference = "the .pte run by the host ExecuTorch pybindings (bit-exact expected)"
     fallback_reference_kind = "executorch-pybindings"
+    patches_refusal = ""
 
     def validate(self, target: ExportTarget) -> None:
         # The portable kernels run on any CPU: Cortex-A (Linux) boards too.
@@ -47,6 +49,14 @@ class PortableFp32(Flow):
         with st.step("torch.export", "Make the model exportable with torch.export.export("
                      "model, example_inputs()) (no data-dependent Python control flow)."):
             ep = torch.export.export(spec.module, inputs)
+        tiler = None
+        if options.patches != OFF:
+            with st.step("patches (tiles of the first stage)"):
+                tiler = Tiler(options.patches, quantized=False, plan_inputs=options.plan_inputs,
+                              int8_inputs=False)
+                graph_module = ep.module(check_guards=False)
+                if tiler.rewrite(graph_module):
+                    ep = torch.export.export(graph_module, inputs)
         with st.step("to_edge_transform_and_lower"):
             edge = to_edge_transform_and_lower(ep, generate_etrecord=True)
         if options.fold_constants:
@@ -85,7 +95,8 @@ class PortableFp32(Flow):
             input_quant=[None] * len(inputs), output_quant=[None] * len(reference),
             reference_kind=self.fallback_reference_kind, reference_fn=reference_fn,
             prepare_inputs=lambda xs: tuple(t.clone().contiguous() for t in xs),
-            etrecord=program.get_etrecord(), program_graph=graph)
+            etrecord=program.get_etrecord(), program_graph=graph,
+            report={"patches": tiler.report} if tiler is not None else {})
 
     def check_program(self, model: str, op_list: list[str], info: PteInfo,
                       options: ExportOptions) -> list[str]:

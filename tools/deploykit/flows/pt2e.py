@@ -16,30 +16,55 @@ if TYPE_CHECKING:
 
 def quantize_pt2e(spec: ModelSpec, st: Stages, inputs: tuple[Any, ...],
                    calibration: list[tuple[Any, ...]], quantizer: Any,
-                   float_rewrite: Callable[[Any], None] | None = None) -> tuple[Any, list, list]:
+                   float_rewrite: Callable[[Any], None] | None = None,
+                   tile_rewrite: Callable[[Any], bool] | None = None,
+                   untiled_inputs: tuple[Any, ...] | None = None) -> tuple[Any, list, list]:
     """torch.export → PT2E prepare → calibrate → convert; the quantized model and its and the
     float model's outputs on `inputs`. Shared by the int8 flows; only the quantizer differs,
     and `float_rewrite`, which a flow may apply to the exported float graph (in place) before
-    it is quantized."""
+    it is quantized.
+
+    `tile_rewrite` (flows/patches.py) rewrites the float graph into tiles, in place, and says
+    whether it did. The tiles of a layer must quantize as the layer does, so the model is
+    calibrated without tiles (exported with `untiled_inputs`, default `inputs`; `calibration`
+    is for it) and each tile's observers take the state of their layer's: no tile is
+    observed on its own."""
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    with st.step("torch.export", "Make the model exportable with torch.export.export(model, "
-                 "example_inputs()) (no data-dependent Python control flow)."):
-        exported = torch.export.export(spec.module, inputs)
-        try:
-            # torch 2.13 adds a _guards_fn call_module that the Arm/Cortex-M passes reject.
-            graph_module = exported.module(check_guards=False)
-        except TypeError:  # older torch: no such argument, and no such node
-            graph_module = exported.module()
-    if float_rewrite is not None:
-        with st.step("float graph rewrite"):
-            float_rewrite(graph_module)
+    from deploykit.flows.patches import share_observers, tag_origins
+
+    def float_graph(example: tuple[Any, ...]) -> Any:
+        with st.step("torch.export", "Make the model exportable with torch.export.export("
+                     "model, example_inputs()) (no data-dependent Python control flow)."):
+            exported = torch.export.export(spec.module, example)
+            try:
+                # torch 2.13 adds a _guards_fn call_module that the Arm/Cortex-M passes reject.
+                graph_module = exported.module(check_guards=False)
+            except TypeError:  # older torch: no such argument, and no such node
+                graph_module = exported.module()
+        if float_rewrite is not None:
+            with st.step("float graph rewrite"):
+                float_rewrite(graph_module)
+        if tile_rewrite is not None:
+            tag_origins(graph_module)
+        return graph_module
+
+    untiled = float_graph(untiled_inputs if untiled_inputs is not None else inputs)
     with st.step("quantization (prepare_pt2e)"):
-        prepared = prepare_pt2e(graph_module, quantizer)
+        prepared = prepare_pt2e(untiled, quantizer)
     with st.step("calibration"), torch.no_grad():
         for sample in calibration:
             prepared(*sample)
+    if tile_rewrite is not None:
+        graph_module = float_graph(inputs)
+        with st.step("patches (tiles of the first stage)"):
+            tiled = tile_rewrite(graph_module)
+        if tiled:
+            with st.step("quantization of the tiles (prepare_pt2e, the layers' observers)"):
+                calibrated = prepared
+                prepared = prepare_pt2e(graph_module, quantizer)
+                share_observers(prepared, calibrated)
     with st.step("quantization (convert_pt2e)"):
         converted = convert_pt2e(prepared)
     with st.step("reference (quantized PT2E model)"), torch.no_grad():

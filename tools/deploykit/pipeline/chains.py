@@ -32,11 +32,12 @@ from deploykit.build.firmware import Firmware
 from deploykit.build.render import ModelSources, render_board_files, render_model_files
 from deploykit.flows.base import ExportTarget, Flow
 from deploykit.flows.conv1d_as_conv2d import describe as describe_conv1d
+from deploykit.flows.patches import describe as describe_patches
 from deploykit.memory import fit as fitting
 from deploykit.memory.plan import MemoryPlan, Sizing, plan_memory
 from deploykit.pipeline.target import Target
 from deploykit.program.datasets import Dataset
-from deploykit.program.export import ExportResult, load_export, memory_order_bytes
+from deploykit.program.export import REPORT_NAME, ExportResult, load_export, memory_order_bytes
 from deploykit.program.export import export as export_model
 from deploykit.program.imported import (
     NO_REFERENCE,
@@ -218,6 +219,21 @@ def _mixed_precision(result: ExportResult) -> dict:
         return {}
 
 
+def patches_notes(program: ProgramInfo) -> list[str]:
+    """What --patches did to the program, from the export report beside it (when it was
+    written for this very .pte): the grid, the MACs, the planned activations against the
+    lower bound without patches (flows/patches.py)."""
+    try:
+        report = json.loads((program.path.parent / REPORT_NAME).read_text())
+    except (OSError, ValueError):
+        return []
+    if report.get("pte", {}).get("sha256") != program.sha256:
+        return []
+    patches = report.get("patches")
+    bound = program.costs.activation_lower_bound if program.costs else None
+    return describe_patches(patches or {}, program.planned_total, bound)
+
+
 def _reference_fallback(result: ExportResult) -> str:
     """Why the host reference is not the flow's own where a flow fell back (the cortex_m
     flow's integer reference of the lowered graph, when it did not run, to the PT2E model):
@@ -248,6 +264,7 @@ def describe_export(result: ExportResult) -> str:
              f"  reference: {result.reference_kind}; eager max abs diff "
              f"{result.eager_max_abs_diff:.3g}"]
     lines += [f"  {line}" for line in describe_conv1d(_mixed_precision(result))]
+    lines += [f"  {line}" for line in patches_notes(inspect_pte(result.pte_path))]
     lines += [f"  warning: {w}" for w in result.warnings]
     return "\n".join(lines)
 
@@ -326,6 +343,7 @@ def _plan_written(out: Path, target: Target, program: ProgramInfo,
         if failed is not None:
             write_atomic(out / "plan.json", json.dumps(failed.to_json(), indent=2) + "\n")
         raise
+    plan.notes.extend(patches_notes(program))
     write_atomic(out / "plan.json", json.dumps(plan.to_json(), indent=2) + "\n")
     return plan
 

@@ -61,10 +61,13 @@ class BuildProfile:
     fixed_temp_pool: int = 0
     # ---- export, from the command line (--strict), not a profile's own choice ----
     strict: bool = False  # int8: no operator kept in float (flows/mixed_precision.py)
+    # ---- export, from the command line (--patches) or the board file ----
+    patches: str = "off"  # the first stage in tiles: "off", "auto", "NxM" (flows/patches.py)
 
     def export_options(self) -> ExportOptions:
         return ExportOptions(fold_constants=self.fold_constants, int8_io=self.int8_io,
-                             plan_inputs=self.plan_inputs, strict=self.strict)
+                             plan_inputs=self.plan_inputs, strict=self.strict,
+                             patches=self.patches)
 
     def board_for(self, board: Board) -> Board:
         """The board as this profile compiles for it: with `soft_float`, the board's CPU flags

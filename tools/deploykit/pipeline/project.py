@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 FLAGS: dict[str, str] = {
     "board": "--board", "model": "--model", "flow": "--flow", "profile": "--profile",
     "npu_macs": "--npu-macs", "npu_memory_mode": "--npu-memory-mode", "strict": "--strict",
-    "fit": "--fit", "inputs": "--inputs", "expect": "--expect", "tolerance": "--atol/--rtol",
-    "timeout": "--timeout",
+    "patches": "--patches", "fit": "--fit", "inputs": "--inputs", "expect": "--expect",
+    "tolerance": "--atol/--rtol", "timeout": "--timeout",
 }
 # Settings that describe the project's model, not another one given on the command line.
 MODEL_SETTINGS = ("inputs", "expect", "tolerance")
@@ -277,6 +277,11 @@ def resolved_settings(choices: Choices, target: Target | None,
             add("npu_memory_mode", npu.memory_mode if npu else None,
                 f"{board_file} (npu.vela.memory_mode)" if npu else "- (the board has no NPU)")
     add("strict", False, "default")
+    if target is not None and target.board.export.get("patches"):
+        add("patches", target.profile.patches,
+            f"board file {_shown(target.board.path)} (export.patches)")
+    else:
+        add("patches", "off", "default")
     add("fit", False, "default (estimated pools; --fit measures them)")
     program = target.program if target is not None else None
     if program is None:

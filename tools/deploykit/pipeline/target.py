@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploykit.families import family_of
 from deploykit.flows import flow_names, get_flow
+from deploykit.flows.patches import OFF, parse_patches
 from deploykit.pipeline.profiles import resolve_profile
 from deploykit.program.imported import check_for_board, read_program
 from deploykit.readers.boards import Board, load_board
@@ -98,13 +99,16 @@ def check_board_flows(board: Board) -> None:
 
 def resolve_target(board: str | Path | Board, *, flow: str | None = None,
                    profile: str | None = None, strict: bool = False,
-                   npu_macs: int | None = None, npu_memory_mode: str | None = None,
+                   patches: str | None = None, npu_macs: int | None = None,
+                   npu_memory_mode: str | None = None,
                    runner_options: Mapping[str, Any] | None = None,
                    origins: Mapping[str, str] | None = None, program: Path | None = None,
                    expect: Path | None = None) -> Target:
     """The Target of a command (module docstring). `board`: a name, a board file, or a loaded
     Board; `flow`: default the board file's `export.default`; `profile`: default the board
-    file's `profile:`, else size; `strict`: the profile's export refuses float fallbacks.
+    file's `profile:`, else size; `strict`: the profile's export refuses float fallbacks;
+    `patches`: the first stage in tiles ("auto", "off", "NxM"; default: the board file's
+    `export.patches`, else off; flows/patches.py).
     `origins`: where a value came from when not from the command line (a setting's name ->
     its project file line, pipeline/project.py), named in the error it causes. `program`: the
     model is this .pte (`expect`: its expected outputs): the flow and the NPU's MACs and
@@ -131,6 +135,10 @@ def resolve_target(board: str | Path | Board, *, flow: str | None = None,
         build_profile = resolve_profile(loaded, profile)
     if strict:
         build_profile = dataclasses.replace(build_profile, strict=True)
+    with _blame(origins, "patches"):
+        tiles = _patches(loaded, flow_impl, patches, foreign is not None)
+    if tiles != OFF:
+        build_profile = dataclasses.replace(build_profile, patches=tiles)
     compiled = build_profile.board_for(loaded)
     runner = runner_class(compiled)
     with _blame(origins, *(runner_options or {})):
@@ -178,6 +186,31 @@ def _blame(origins: Mapping[str, str], *names: str) -> Iterator[None]:
         if not where:
             raise
         raise ConfigError(f"{'; '.join(where)}: {exc.cause}", exc.hint) from exc
+
+
+def _patches(board: Board, flow: Flow, given: str | None, program: bool) -> str:
+    """The `--patches` setting, checked: its form, and that the flow can tile (a program made
+    elsewhere is what it is). The board file's `export.patches` is the default."""
+    from_board = given is None
+    value = board.export.get("patches", OFF) if from_board else given
+    where = f"board file {board.path} (export.patches)" if from_board else "--patches"
+    parse_patches(str(value), where)
+    value = str(value).strip().lower()
+    if value == OFF:
+        return OFF
+    if program:
+        if from_board:
+            return OFF
+        raise ConfigError(f"--patches {value}: the model is a compiled program (.pte); its "
+                          "layers cannot be tiled any more.",
+                          "Leave --patches out, or export the model from its Python file.")
+    if flow.patches_refusal:
+        if from_board:
+            return OFF
+        raise ConfigError(f"--patches {value}: the {flow.name} flow cannot run patches: "
+                          f"{flow.patches_refusal}.",
+                          "Use --patches off, or the cortex_m_int8 or portable_fp32 flow.")
+    return value
 
 
 def _allowed_flow(board: Board, flow: str | None) -> Flow:
