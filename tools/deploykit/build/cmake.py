@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +16,10 @@ from deploykit.util.errors import BuildError
 from deploykit.util.process import kill_group
 
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
+# What CMake and Ninja keep at the top of a build directory about the source tree they were
+# configured from; without them the directory is configured and built from scratch.
+_CMAKE_STATE = ("CMakeCache.txt", "CMakeFiles", "build.ninja", ".ninja_log", ".ninja_deps",
+                "cmake_install.cmake")
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ def cmake_build(source_dir: Path, build_dir: Path, definitions: dict[str, str],
     args = [f"-D{k}={v}" for k, v in sorted(defs.items())]
     stamp = build_dir / "deploykit-configure.args"
     t0 = time.monotonic()
+    _forget_another_source(source_dir, build_dir, stamp, progress)
     if not (build_dir / "build.ninja").exists() or not stamp.exists() \
             or stamp.read_text() != "\n".join(args):
         if progress:
@@ -93,3 +99,36 @@ def cmake_build(source_dir: Path, build_dir: Path, definitions: dict[str, str],
         cmd += ["--target", target]
     _run_logged(cmd, log, f"building {source_dir.name}", progress)
     return CMakeResult(build_dir, t1 - t0, time.monotonic() - t1, log)
+
+
+def configured_source(build_dir: Path) -> Path | None:
+    """The source tree a CMake build directory was configured from (None: not configured)."""
+    try:
+        text = (build_dir / "CMakeCache.txt").read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("CMAKE_HOME_DIRECTORY:INTERNAL="):
+            return Path(line.partition("=")[2])
+    return None
+
+
+def _forget_another_source(source_dir: Path, build_dir: Path, stamp: Path,
+                           progress: Callable[[str], None] | None) -> None:
+    """A build directory configured from another source tree (another checkout of deploykit,
+    an upgraded install) is one CMake refuses to configure again ("The source ... does not
+    match the source ... used to generate cache"): its CMake and Ninja state goes, so that it
+    is configured and built from scratch from this one."""
+    cached = configured_source(build_dir)
+    if cached is None or cached.resolve() == source_dir.resolve():
+        return
+    if progress:
+        progress(f"{build_dir} was configured from {cached}: configuring it from scratch "
+                 f"from {source_dir}")
+    stamp.unlink(missing_ok=True)
+    for name in _CMAKE_STATE:
+        path = build_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
