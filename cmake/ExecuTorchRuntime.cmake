@@ -38,6 +38,8 @@
 #   DK_LEAN_LIBC             ON/OFF: read by firmware/runner (deploykit's minimal snprintf,
 #                            abort, atexit, operator delete instead of newlib's).
 #   DK_ET_COMMIT             optional: the ExecuTorch commit, part of the key.
+#   DK_DEPLOYKIT_VERSION     optional: the version of the deploykit that builds, part of the
+#                            key (with a hash of the runtime project's own files).
 #   DK_FLATC                 optional host flatc (same flatbuffers version, e.g. the one in the
 #                            executorch wheel, executorch/data/bin/flatc); default: build it once
 #                            per ExecuTorch tree in DK_ET_RUNTIME_CACHE_DIR/host-flatc-<hash>.
@@ -74,6 +76,7 @@ set(DK_ET_RUNTIME_CACHE_DIR "${CMAKE_BINARY_DIR}/et-runtime" CACHE PATH
     "Directory holding the cached ExecuTorch runtime builds, one per cache key")
 set(DK_FLATC "" CACHE FILEPATH "Host flatc; empty: build it from the ExecuTorch tree")
 set(DK_ET_COMMIT "" CACHE STRING "ExecuTorch commit of EXECUTORCH_SOURCE_DIR (part of the key)")
+set(DK_DEPLOYKIT_VERSION "" CACHE STRING "Version of the deploykit that builds (part of the key)")
 set(DK_PROFILE_VARIABLES DK_PROFILE DK_ET_BUILD_TYPE DK_ET_KERNEL_OPT DK_ET_CMSIS_NN_OPT
     DK_ET_LOGGING DK_ET_PIC
     DK_LTO DK_ET_EXACT_KERNEL_REGISTRY DK_ET_MODEL_PRIM_OPS DK_LEAN_LIBC)

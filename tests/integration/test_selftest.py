@@ -58,34 +58,21 @@ def test_unknown_board_is_a_clean_error(capsys):
 
 
 def test_an_out_built_by_another_checkout_is_configured_from_scratch(tmp_path):
-    """Another checkout of deploykit (here a copy of this one's package and data files, run
-    as its own process) builds into the same --out first: its firmware build directory is
-    CMake's cache of another source tree, which CMake refuses to configure again. This
-    checkout's build configures it from scratch instead, and passes."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
-    from deploykit.util.paths import DATA_ITEMS, data_root
+    """Another checkout of deploykit (tests/other_checkout.py, run as its own process) builds
+    into the same --out first: its firmware build directory is CMake's cache of another source
+    tree, which CMake refuses to configure again. This checkout's build configures it from
+    scratch instead, and passes."""
+    from deploykit.util.paths import data_root
+    from tests.other_checkout import copy_checkout, run_python
 
     def configured_source(build_dir):  # CMake's own record of the source tree
         cache = (build_dir / "CMakeCache.txt").read_text()
         return Path(cache.split("CMAKE_HOME_DIRECTORY:INTERNAL=")[1].splitlines()[0])
 
-    other = tmp_path / "other-checkout"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for item in (*DATA_ITEMS, "tools", "pyproject.toml"):
-        source = data_root() / item
-        if source.is_dir():
-            shutil.copytree(source, other / item, ignore=ignore)
-        else:
-            shutil.copy2(source, other / item)
+    other = copy_checkout(tmp_path / "other-checkout")
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(other / "tools")}
-    first = subprocess.run([sys.executable, "-m", "deploykit", "selftest", "--board",
-                            "qemu-an547", "--out", str(out), "--quiet"], env=env, cwd=tmp_path,
-                           capture_output=True, text=True, timeout=300)
+    first = run_python(other, ["-m", "deploykit", "selftest", "--board", "qemu-an547", "--out",
+                               str(out), "--quiet"], cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert configured_source(out / "firmware") == other / "firmware"
     messages: list[str] = []

@@ -48,6 +48,7 @@ from deploykit.readers.op_coverage import check_coverage
 from deploykit.readers.pte_reader import load_program, method_plan, operator_names
 from deploykit.util.errors import ConfigError
 from deploykit.util.fsutil import write_atomic
+from deploykit.util.version import deploykit_version
 
 if TYPE_CHECKING:
     import numpy as np
@@ -361,14 +362,15 @@ def expected_outputs(program: ForeignProgram) -> list[np.ndarray]:
 def import_key(program: ForeignProgram, flow: Flow, cpu: str, settings: dict | None,
                inputs_digest: str) -> str:
     """Everything an import depends on: the program, the expected outputs, the flow and target,
-    the inputs, and this importer's code."""
+    the inputs, this importer's code and deploykit's version."""
     package = Path(__file__).parents[1]
     code = [package / "program" / n for n in ("imported.py", "pte_interpreter.py", "export.py")]
     h = hashlib.sha256()
     for part in (program.path.read_bytes(),
                  program.expect.read_bytes() if program.expect else b"", flow.name.encode(),
                  cpu.encode(), json.dumps(settings, sort_keys=True).encode(),
-                 inputs_digest.encode(), *(p.read_bytes() for p in code)):
+                 inputs_digest.encode(), deploykit_version().encode(),
+                 *(p.read_bytes() for p in code)):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
 
