@@ -36,7 +36,6 @@ class InputSets:
 
 def load_input_sets(directory: Path, example_inputs: tuple[Any, ...]) -> InputSets:
     """Load and check every sample against the model's example inputs (count, shape, dtype)."""
-    import numpy as np
     import torch
 
     directory = Path(directory)
@@ -52,33 +51,78 @@ def load_input_sets(directory: Path, example_inputs: tuple[Any, ...]) -> InputSe
     for path in files:
         digest.update(path.name.encode() + hashlib.sha256(path.read_bytes()).digest())
         try:
-            if path.suffix == ".npy":
-                tensors: tuple[Any, ...] = (torch.from_numpy(np.load(path)),)
-            elif path.suffix == ".npz":
-                with np.load(path) as npz:
-                    tensors = tuple(torch.from_numpy(npz[f"input_{i}"])
-                                    for i in range(len(example_inputs)))
-            else:
-                value = torch.load(path, weights_only=True)
-                tensors = tuple(value) if isinstance(value, list | tuple) else (value,)
-        except (OSError, ValueError, KeyError, RuntimeError) as exc:
-            raise ConfigError(f"--inputs: cannot read {path}: {exc}",
+            tensors = _read_sample(path, len(example_inputs))
+        except ConfigError:
+            raise
+        except Exception as exc:  # numpy's and torch's readers raise many unrelated types
+            raise ConfigError(f"--inputs: cannot read {path}: {type(exc).__name__}: {exc}",
                               "Each file holds one sample (see `deploykit run --help`).") \
                 from exc
+        if not all(isinstance(t, torch.Tensor) for t in tensors):
+            raise ConfigError(f"--inputs: {path.name} holds something other than tensors.",
+                              "Save a tensor, or a tuple of tensors, with torch.save.")
         _check_sample(path, tensors, example_inputs)
         samples.append(tensors)
     labels_file = directory / "labels.json"
     labels: dict[str, int] = {}
     if labels_file.exists():
         try:
-            labels = {str(k): int(v) for k, v in json.loads(labels_file.read_text()).items()}
-        except (ValueError, AttributeError) as exc:
-            raise ConfigError(f"{labels_file} is not a JSON object of name → integer label.",
+            labels = {str(k): _label(v) for k, v in json.loads(labels_file.read_text()).items()}
+        except (ValueError, AttributeError, TypeError, OverflowError, RecursionError) as exc:
+            raise ConfigError(f"{labels_file} is not a JSON object of name → integer label "
+                              f"({type(exc).__name__}: {exc}).",
                               'Write it like {"digit_0": 7, "digit_1": 2}.') from exc
         digest.update(labels_file.read_bytes())
     names = tuple(p.stem for p in files)
     return InputSets(directory, names, tuple(samples), tuple(labels.get(n) for n in names),
                      digest.hexdigest())
+
+
+def _label(value: Any) -> int:
+    """A class label: an integer (JSON has no other kind of whole number; a bool is none)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise ValueError(f"{value!r} is not an integer label")
+    return int(value)
+
+
+def _read_sample(path: Path, inputs: int) -> tuple[Any, ...]:
+    """The tensors of one sample file. An .npy is mapped rather than read, so that a header
+    claiming more data than the file holds is refused, not allocated; an .npz member's header
+    is checked against its size before it is read."""
+    import numpy as np
+    import torch
+
+    if path.suffix == ".npy":
+        return (torch.from_numpy(np.array(np.load(path, mmap_mode="r"))),)
+    if path.suffix == ".npz":
+        with np.load(path) as npz:
+            arrays = []
+            for i in range(inputs):
+                _check_npz_member(npz, f"input_{i}", path)
+                arrays.append(torch.from_numpy(np.ascontiguousarray(npz[f"input_{i}"])))
+            return tuple(arrays)
+    value = torch.load(path, weights_only=True)
+    return tuple(value) if isinstance(value, list | tuple) else (value,)
+
+
+def _check_npz_member(npz: Any, key: str, path: Path) -> None:
+    import numpy as np
+
+    name = f"{key}.npy"
+    if name not in npz.zip.namelist():
+        raise KeyError(f"{key} is not in {path.name}")
+    info = npz.zip.getinfo(name)
+    with npz.zip.open(name) as member:
+        version = np.lib.format.read_magic(member)
+        shape, _, dtype = np.lib.format._read_array_header(member, version)
+        header = member.tell()
+    count = 1
+    for s in shape:
+        count *= s
+    if count * dtype.itemsize > info.file_size - header:
+        raise ConfigError(f"--inputs: {path.name}: {key} claims {shape} {dtype}, more than "
+                          f"its {info.file_size - header} bytes of data.",
+                          "The file is damaged: save the sample again (numpy.savez).")
 
 
 def _check_sample(path: Path, tensors: tuple[Any, ...], example: tuple[Any, ...]) -> None:

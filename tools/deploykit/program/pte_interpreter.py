@@ -144,7 +144,13 @@ def run_program(data: bytes, inputs: Sequence[np.ndarray], source: str = "the pr
     # The planned buffers, as the runtime lays them out: a tensor the memory plan puts at a
     # buffer's offset is a view of that memory, so that tensors planned at the same place
     # (a view the planner made an alias, an input read in place) share it.
-    arenas = [torch.zeros(int(size), dtype=torch.uint8) for size in plan.non_const_buffer_sizes]
+    try:
+        arenas = [torch.zeros(int(size), dtype=torch.uint8)
+                  for size in plan.non_const_buffer_sizes]
+    except (RuntimeError, MemoryError) as exc:  # torch's allocator refuses
+        raise ConfigError(f"The host cannot allocate the planned buffers of {source} "
+                          f"({sum(int(s) for s in plan.non_const_buffer_sizes):,} B).",
+                          "Give the expected outputs with --expect FILE.npz.") from exc
     values: list[Any] = [_initial_value(program, v.val, arenas) for v in plan.values]
     if len(inputs) != len(plan.inputs):
         raise ConfigError(f"{source} takes {len(plan.inputs)} inputs, {len(inputs)} given.",
