@@ -18,7 +18,13 @@ from deploykit import api
 from deploykit.flows import flow_names, registry
 from deploykit.pipeline.profiles import DEFAULT_PROFILE, PROFILES
 from deploykit.run.runners import runner_options
-from deploykit.util.errors import ConfigError, DeployKitError, ExitCode
+from deploykit.util.errors import (
+    NO_SPACE_ERRNOS,
+    ConfigError,
+    DeployKitError,
+    ExitCode,
+    disk_full,
+)
 from deploykit.util.jsonable import to_jsonable
 from deploykit.util.paths import set_user_dir
 from deploykit.util.progress import ProgressDisplay
@@ -680,6 +686,14 @@ def _main(argv: list[str] | None) -> int:
         out.close()
         print("deploykit: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in NO_SPACE_ERRNOS:
+            raise
+        # A write no stage expected to fail (a log, a lock file): the file system is full.
+        out.close()
+        full = disk_full(exc.filename or Path.cwd(), exc)
+        print(f"deploykit: error: {full}", file=sys.stderr)
+        return int(full.exit_code)
     finally:
         out.close()
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploykit.readers.doctor import require_tools
-from deploykit.util.errors import BuildError
+from deploykit.util.errors import BuildError, DiskFullError
 from deploykit.util.process import kill_group
 
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
@@ -60,7 +60,14 @@ def _run_logged(cmd: list[str], log: Path, what: str,
             kill_group(proc, interrupt_first=True)
             raise
     if rc != 0:
-        raise BuildError(f"{what} failed (exit {rc}). Last lines:\n{_tail(log)}",
+        tail = _tail(log)
+        if "No space left on device" in tail:  # the compiler's, the linker's, CMake's words
+            raise DiskFullError(f"{what} failed: a file system is full. Last lines:\n{tail}",
+                                "Free space where the lines above write (the build "
+                                "directory, or the workspace's runtime cache) and run the "
+                                "command again; Ninja rebuilds what was cut short.",
+                                log_path=str(log))
+        raise BuildError(f"{what} failed (exit {rc}). Last lines:\n{tail}",
                          "Fix the error above; the full log has every command.",
                          log_path=str(log))
 

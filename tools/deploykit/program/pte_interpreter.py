@@ -350,11 +350,21 @@ def _functional(name: str, op: Any, positional: list[Any], keywords: dict[str, A
         raise ConfigError(f"No torch kernel runs {name} on the host.",
                           "Give the expected outputs with --expect FILE.npz.")
     out_names = {argument.name for argument, _ in outs}
-    # Fresh tensors in the program's layout: the Python implementations read their inputs'
-    # memory format (the cortex_m ones check channels-last), and must not see the planned
-    # memory their outputs are about to be written into.
-    result = functional(*[_owned(v) for v in positional],
-                        **{k: _owned(v) for k, v in keywords.items() if k not in out_names})
+    inputs = {k: v for k, v in keywords.items() if k not in out_names}
+    # Fresh tensors (the implementations must not see the planned memory their outputs are
+    # about to be written into) in the program's layout: some implementations read their
+    # inputs' memory format (the cortex_m mul broadcasts a gate over channels-last tensors
+    # only). Some fail on it instead (torch's max pool of a channels-last int8 tensor checks
+    # its size against int8's range): those get the same values contiguous.
+    try:
+        result = functional(*[_owned(v) for v in positional],
+                            **{k: _owned(v) for k, v in inputs.items()})
+    except Exception as in_layout:  # noqa: BLE001 (the operator's own code, any type)
+        try:
+            result = functional(*[_owned(v, contiguous=True) for v in positional],
+                                **{k: _owned(v, contiguous=True) for k, v in inputs.items()})
+        except Exception:  # noqa: BLE001
+            raise in_layout from None
     results = list(result) if isinstance(result, (tuple, list)) else [result]
     for (_, index), tensor in zip(outs, results, strict=False):
         _store(values, index, tensor)
@@ -392,14 +402,16 @@ def _store(values: list[Any], index: int, result: Any) -> None:
         values[index] = result
 
 
-def _owned(value: Any) -> Any:
-    """A copy of a tensor argument with its strides kept (lists element by element)."""
+def _owned(value: Any, contiguous: bool = False) -> Any:
+    """A copy of a tensor argument with its strides kept, or `contiguous` (lists element by
+    element)."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.clone(memory_format=torch.preserve_format)
+        return value.clone(memory_format=torch.contiguous_format if contiguous
+                           else torch.preserve_format)
     if isinstance(value, list):
-        return [_owned(v) for v in value]
+        return [_owned(v, contiguous) for v in value]
     return value
 
 
