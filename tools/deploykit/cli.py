@@ -22,6 +22,7 @@ from deploykit.util.errors import (
     NO_SPACE_ERRNOS,
     ConfigError,
     DeployKitError,
+    DiskFullError,
     ExitCode,
     disk_full,
 )
@@ -687,11 +688,17 @@ def _main(argv: list[str] | None) -> int:
         print("deploykit: interrupted", file=sys.stderr)
         return 130
     except OSError as exc:
-        if exc.errno not in NO_SPACE_ERRNOS:
+        if exc.errno not in NO_SPACE_ERRNOS or args.debug:
             raise
         # A write no stage expected to fail (a log, a lock file): the file system is full.
         out.close()
-        full = disk_full(exc.filename or Path.cwd(), exc)
+        if exc.filename:
+            full = disk_full(exc.filename, exc)
+        else:  # a buffered write that failed when flushed: which file is not known
+            full = DiskFullError("A file system deploykit writes to is full (No space left on "
+                                 "device).", "Free space where the command writes (its --out, "
+                                 "the workspace) and run it again; nothing half-written is "
+                                 "kept.")
         print(f"deploykit: error: {full}", file=sys.stderr)
         return int(full.exit_code)
     finally:
