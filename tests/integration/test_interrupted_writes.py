@@ -1,6 +1,7 @@
 """deploykit killed while it writes an entry, and on a full disk (tests/interrupted_writes.py):
-the fast representative cases. bench/soak --parts kill,disk runs 30 kill points over a cold
-firmware build and a full disk at several sizes (docs/failures.md)."""
+the representative cases (the last builds a runtime: ExecuTorch sources, a minute or two).
+bench/soak --parts kill,disk runs 30 kill points over a cold firmware build and a full disk
+at several sizes (docs/failures.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import subprocess
 import pytest
 
 from deploykit import api
-from tests.interrupted_writes import can_mount, deploykit, sha256, small_disk
+from tests.interrupted_writes import can_mount, deploykit, private_workspace, sha256, small_disk
+from tests.markers import requires_cmake, requires_sources, requires_toolchain
 
 MODEL = ["--no-project", "--board", "qemu-an547", "--model", "tiny_cnn"]
 
@@ -52,3 +54,28 @@ def test_a_full_disk_is_named_and_the_export_succeeds_when_space_returns(tmp_pat
         again = deploykit(["export", *MODEL, "--out", str(out)], tmp_path, timeout=600)
         assert again.returncode == 0, again.stderr
         assert sha256(out / "export" / "model.pte") == clean_pte
+
+
+@requires_toolchain
+@requires_cmake
+@requires_sources
+@pytest.mark.skipif(can_mount() is not None, reason=can_mount() or "")
+def test_a_runtime_cache_on_a_full_disk_is_configured_again_when_space_returns(tmp_path):
+    """The workspace's runtime cache on a 1 MiB tmpfs: the runtime's configure runs out of
+    space (CMake still says "Generating done", without build.ninja). The build stops with the
+    full-disk error naming the cache, and with space back the same build passes: the half
+    configured runtime directory is configured again, not taken as configured."""
+    from deploykit.readers.sources import load_workspace
+
+    with small_disk(tmp_path / "disk", 1 << 20) as disk:
+        ws = private_workspace(disk / "ws", load_workspace().root)
+        args = ["build", *MODEL, "--workspace", str(ws), "--out", str(tmp_path / "out")]
+        full = deploykit(args, tmp_path, timeout=900)
+        assert full.returncode == 4, full.stderr
+        assert f"{ws / 'runtime-cache'}" in full.stderr and "Traceback" not in full.stderr
+        subprocess.run(["mount", "-o", "remount,size=2g", str(disk)], check=True)
+        again = deploykit(args, tmp_path, timeout=900)
+        assert again.returncode == 0, again.stderr
+        runtime = next((ws / "runtime-cache").glob("et*-cortex-m55-*"))
+        assert (runtime / "dk-runtime-configured").is_file()
+        assert (runtime / "build.ninja").is_file()
