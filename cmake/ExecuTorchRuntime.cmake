@@ -38,6 +38,8 @@
 #   DK_LEAN_LIBC             ON/OFF: read by firmware/runner (deploykit's minimal snprintf,
 #                            abort, atexit, operator delete instead of newlib's).
 #   DK_ET_COMMIT             optional: the ExecuTorch commit, part of the key.
+#   DK_DEPLOYKIT_VERSION     optional: the version of the deploykit that builds, part of the
+#                            key (with a hash of the runtime project's own files).
 #   DK_FLATC                 optional host flatc (same flatbuffers version, e.g. the one in the
 #                            executorch wheel, executorch/data/bin/flatc); default: build it once
 #                            per ExecuTorch tree in DK_ET_RUNTIME_CACHE_DIR/host-flatc-<hash>.
@@ -74,6 +76,7 @@ set(DK_ET_RUNTIME_CACHE_DIR "${CMAKE_BINARY_DIR}/et-runtime" CACHE PATH
     "Directory holding the cached ExecuTorch runtime builds, one per cache key")
 set(DK_FLATC "" CACHE FILEPATH "Host flatc; empty: build it from the ExecuTorch tree")
 set(DK_ET_COMMIT "" CACHE STRING "ExecuTorch commit of EXECUTORCH_SOURCE_DIR (part of the key)")
+set(DK_DEPLOYKIT_VERSION "" CACHE STRING "Version of the deploykit that builds (part of the key)")
 set(DK_PROFILE_VARIABLES DK_PROFILE DK_ET_BUILD_TYPE DK_ET_KERNEL_OPT DK_ET_CMSIS_NN_OPT
     DK_ET_LOGGING DK_ET_PIC
     DK_LTO DK_ET_EXACT_KERNEL_REGISTRY DK_ET_MODEL_PRIM_OPS DK_LEAN_LIBC)
@@ -166,11 +169,16 @@ dk_et_runtime_key(DK_ET_RUNTIME_KEY _dk_label _dk_key_text)
 set(DK_ET_RUNTIME_DIR ${DK_ET_RUNTIME_CACHE_DIR}/${_dk_label}-${DK_ET_RUNTIME_KEY})
 
 # ---- configure the runtime build directory (once per key) ----
+# A runtime directory is configured when dk-runtime-configured exists: written last, after a
+# configure that succeeded and left its build files (a configure killed, or cut short by a
+# full disk, can leave dk-runtime-targets.cmake without build.ninja). Without the mark the
+# directory is configured again.
+set(_dk_rt_mark ${DK_ET_RUNTIME_DIR}/dk-runtime-configured)
 function(_dk_et_configure_runtime)
   set(_rt ${DK_ET_RUNTIME_DIR})
   file(MAKE_DIRECTORY ${_rt}/board)
   file(LOCK ${_rt}/.dk-build.lock GUARD FUNCTION TIMEOUT 7200)
-  if(EXISTS ${_rt}/dk-runtime-targets.cmake)
+  if(EXISTS ${_dk_rt_mark})
     return()  # configured by someone else while we waited
   endif()
   # The toolchain file reads board.cmake from DK_GENERATED_DIR: keep a copy with the runtime, so
@@ -216,14 +224,32 @@ function(_dk_et_configure_runtime)
   execute_process(COMMAND ${CMAKE_COMMAND} ${_args}
                   OUTPUT_FILE ${_rt}/configure.log ERROR_FILE ${_rt}/configure.log
                   RESULT_VARIABLE _rc)
-  if(_rc OR NOT EXISTS ${_rt}/dk-runtime-targets.cmake)
-    message(FATAL_ERROR "ExecuTorch runtime: configuring ${_rt} failed; see ${_rt}/configure.log")
+  if(CMAKE_GENERATOR MATCHES "Ninja")
+    set(_build_file ${_rt}/build.ninja)
+  else()
+    set(_build_file ${_rt}/Makefile)
   endif()
+  if(_rc OR NOT EXISTS ${_rt}/dk-runtime-targets.cmake OR NOT EXISTS ${_build_file})
+    # The log's end in the message: its cause (a full disk says "No space left on device")
+    # reaches the firmware build's log and the host.
+    set(_tail "")
+    if(EXISTS ${_rt}/configure.log)
+      file(SIZE ${_rt}/configure.log _size)
+      math(EXPR _from "${_size} - 1500")
+      if(_from LESS 0)
+        set(_from 0)
+      endif()
+      file(READ ${_rt}/configure.log _tail OFFSET ${_from})
+    endif()
+    message(FATAL_ERROR "ExecuTorch runtime: configuring ${_rt} failed; see "
+                        "${_rt}/configure.log, which ends:\n${_tail}")
+  endif()
+  file(WRITE ${_dk_rt_mark} "${_dk_key_text}")
 endfunction()
 # gcc-ar / gcc-ranlib beside the compiler (same prefix), for LTO archives.
 string(REGEX REPLACE "(g\\+\\+|c\\+\\+)$" "gcc-ar" _dk_gcc_ar "${CMAKE_CXX_COMPILER}")
 string(REGEX REPLACE "(g\\+\\+|c\\+\\+)$" "gcc-ranlib" _dk_gcc_ranlib "${CMAKE_CXX_COMPILER}")
-if(NOT EXISTS ${DK_ET_RUNTIME_DIR}/dk-runtime-targets.cmake)
+if(NOT EXISTS ${_dk_rt_mark})
   _dk_et_configure_runtime()
   set(_dk_rt_state "new")
 else()

@@ -11,7 +11,10 @@
 # runtime options (docs/profiles.md): DK_ET_BUILD_TYPE, DK_ET_KERNEL_OPT, DK_ET_CMSIS_NN_OPT,
 # DK_ET_LOGGING, DK_ET_PIC, DK_LTO, plus DK_ET_FP_CONTRACT; with DK_ETHOS_U=ON also the NPU
 # half (ethos_u.cmake): the driver and CMSIS paths, the driver's commit (DK_ETHOS_U_DRIVER_COMMIT,
-# from the workspace) and the NPU configuration. Without it the text has no Ethos-U line, so
+# from the workspace) and the NPU configuration; and the deploykit that builds: its version
+# (DK_DEPLOYKIT_VERSION) and a hash of the runtime project's own files (this directory and
+# ExecuTorchRuntime.cmake), so that another deploykit sharing the cache makes its own runtime
+# instead of reusing objects it did not build. Without DK_ETHOS_U the text has no Ethos-U line, so
 # CPU-only keys are those of a runtime built before the NPU half existed. With
 # DK_PROFILE_EVENTS=ON (profiling firmware) the runtime is built with its EventTracer hooks and
 # the text has an `event_tracer=ON` line. The profile's
@@ -23,6 +26,18 @@ function(dk_et_runtime_key out_key out_label out_text)
   file(READ ${EXECUTORCH_SOURCE_DIR}/version.txt _etv)
   string(STRIP "${_etv}" _etv)
   string(TOUPPER "${DK_ET_BUILD_TYPE}" _bt)
+  file(GLOB _project_files ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/*.cmake
+       ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/CMakeLists.txt
+       ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../ExecuTorchRuntime.cmake)
+  list(SORT _project_files)
+  set(_project "")
+  foreach(_f IN LISTS _project_files)
+    file(SHA256 ${_f} _fh)
+    get_filename_component(_fn ${_f} NAME)
+    string(APPEND _project "${_fn}=${_fh}\n")
+  endforeach()
+  string(SHA256 _project "${_project}")
+  string(SUBSTRING "${_project}" 0 16 _project)
   set(_text "")
   foreach(_item
       "executorch=${_etv} ${EXECUTORCH_SOURCE_DIR}"
@@ -42,7 +57,8 @@ function(dk_et_runtime_key out_key out_label out_text)
       "pic=${DK_ET_PIC}"
       "lto=${DK_LTO}"
       "fp_contract=${DK_ET_FP_CONTRACT}"
-      "executorch_commit=${DK_ET_COMMIT}")
+      "executorch_commit=${DK_ET_COMMIT}"
+      "deploykit=${DK_DEPLOYKIT_VERSION} ${_project}")
     string(APPEND _text "${_item}\n")
   endforeach()
   # Only profiling runtimes carry this line, so the keys of all others are unchanged.

@@ -118,3 +118,16 @@ def test_debug_intermediates_names_the_operator_with_a_changed_scale(tmp_path):
     assert first is not None
     assert (first.instruction, first.operator) == (2, "cortex_m::quantized_linear.out")
     assert [r.passed for r in broken.intermediates.rows[:2]] == [True, True]
+
+
+def test_debug_intermediates_of_a_mobilenet_v3_block_on_an547(tmp_path):
+    """A MobileNetV3 bottleneck in int8: CMSIS-NN scratch buffers the host must read as planned
+    memory, and a squeeze-excite gate broadcast over the feature map in the program's
+    channels-last layout (tests/unit/test_host_interpreter.py). Every operator agrees."""
+    target = resolve_target("qemu-an547", flow="cortex_m_int8")
+    report = debug_intermediates(target, "mobilenet_v3_block", tmp_path, None, 120.0,
+                                 lambda _m: None)
+    rows = report.intermediates.rows
+    assert report.intermediates.first_divergence is None
+    assert len(rows) == 14 and all(r.max_abs == 0 for r in rows)  # CMSIS-NN bit for bit
+    assert [r.operator for r in rows].count("cortex_m::quantized_mul.out") == 3

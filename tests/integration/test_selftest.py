@@ -1,5 +1,7 @@
 """The self-test firmware, built with the real toolchain and run on the real QEMU boards."""
 
+from pathlib import Path
+
 import pytest
 from elftools.elf.elffile import ELFFile
 
@@ -53,3 +55,28 @@ def test_unknown_board_is_a_clean_error(capsys):
     assert main(["selftest", "--board", "nope"]) == ExitCode.CONFIG
     err = capsys.readouterr().err
     assert "Unknown board 'nope'" in err and "Traceback" not in err
+
+
+def test_an_out_built_by_another_checkout_is_configured_from_scratch(tmp_path):
+    """Another checkout of deploykit (tests/other_checkout.py, run as its own process) builds
+    into the same --out first: its firmware build directory is CMake's cache of another source
+    tree, which CMake refuses to configure again. This checkout's build configures it from
+    scratch instead, and passes."""
+    from deploykit.util.paths import data_root
+    from tests.other_checkout import copy_checkout, run_python
+
+    def configured_source(build_dir):  # CMake's own record of the source tree
+        cache = (build_dir / "CMakeCache.txt").read_text()
+        return Path(cache.split("CMAKE_HOME_DIRECTORY:INTERNAL=")[1].splitlines()[0])
+
+    other = copy_checkout(tmp_path / "other-checkout")
+    out = tmp_path / "out"
+    first = run_python(other, ["-m", "deploykit", "selftest", "--board", "qemu-an547", "--out",
+                               str(out), "--quiet"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert configured_source(out / "firmware") == other / "firmware"
+    messages: list[str] = []
+    report = api.selftest("qemu-an547", out=out, progress=messages.append)
+    assert report.passed, report.summary()
+    assert configured_source(out / "firmware") == data_root() / "firmware"
+    assert any(f"was configured from {other / 'firmware'}" in m for m in messages), messages

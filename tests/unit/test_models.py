@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Bundled model -> the shape of its output.
 OUTPUT_SHAPES = {"mlp_mnist": (1, 10), "tiny_cnn": (1, 10), "gru_kws": (1, 12),
-                 "transformer_block": (1, 16, 32)}
+                 "transformer_block": (1, 16, 32), "mobilenet_v3_block": (1, 16, 12, 12)}
 BUNDLED = list(OUTPUT_SHAPES)
 
 

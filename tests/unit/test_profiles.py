@@ -6,6 +6,7 @@ CMake script mode (`cmake -P`), on fake inputs."""
 
 import dataclasses
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -183,12 +184,12 @@ def _inputs(tmp: Path) -> dict[str, str]:
             "CMAKE_CXX_COMPILER_VERSION": "12.2.1", "CMAKE_GENERATOR": "Ninja",
             "CMAKE_C_FLAGS": "-mcpu=cortex-m33", "CMAKE_CXX_FLAGS": "-mcpu=cortex-m33",
             "CMAKE_C_FLAGS_MINSIZEREL": "-Os -DNDEBUG", "DK_ET_FP_CONTRACT": "off",
-            **PROFILES["size"].cmake_definitions()}
+            "DK_DEPLOYKIT_VERSION": "0.1.0", **PROFILES["size"].cmake_definitions()}
 
 
-def _key(tmp: Path, defs: dict[str, str]) -> tuple[str, str]:
+def _key(tmp: Path, defs: dict[str, str], key_cmake: Path = KEY_CMAKE) -> tuple[str, str]:
     probe = tmp / "probe.cmake"
-    probe.write_text(f'include("{KEY_CMAKE}")\n'
+    probe.write_text(f'include("{key_cmake}")\n'
                      "dk_et_runtime_key(_key _label _text)\n"
                      'message("KEY=${_key} LABEL=${_label}")\n')
     args = [f"-D{k}={v}" for k, v in defs.items()]
@@ -221,7 +222,7 @@ def test_every_runtime_input_changes_the_key(tmp_path):
         "DK_CMSIS_NN_DIR": "/other/cmsis-nn", "_dk_flatc": "/other/flatc",
         "CMAKE_C_COMPILER_VERSION": "13.2.1", "CMAKE_CXX_COMPILER_VERSION": "13.2.1",
         "CMAKE_C_FLAGS": "-mcpu=cortex-m33 -flto", "DK_ET_FP_CONTRACT": "fast",
-        "CMAKE_GENERATOR": "Unix Makefiles",
+        "CMAKE_GENERATOR": "Unix Makefiles", "DK_DEPLOYKIT_VERSION": "0.2.0",
     }
     seen = {key}
     for var, value in changes.items():
@@ -236,6 +237,27 @@ def test_every_runtime_input_changes_the_key(tmp_path):
     seen.add(_key(tmp_path, base)[0])
     Path(base["CMAKE_TOOLCHAIN_FILE"]).write_text("# toolchain, edited\n")
     assert _key(tmp_path, base)[0] not in seen
+
+
+@requires_cmake
+def test_the_runtime_projects_own_files_are_in_the_key(tmp_path):
+    """Another deploykit's runtime project (another checkout, an upgraded install: the files of
+    cmake/executorch-runtime/ and ExecuTorchRuntime.cmake) may build the same inputs into other
+    objects: a copy of the project gives the same key, an edit of any of its files another."""
+    base = _inputs(tmp_path)
+    key, _ = _key(tmp_path, base)
+    copy = tmp_path / "other-cmake"
+    shutil.copytree(KEY_CMAKE.parents[1], copy)
+    other_key = copy / "executorch-runtime" / "key.cmake"
+    assert _key(tmp_path, base, other_key)[0] == key
+    seen = {key}
+    for name in ("executorch-runtime/CMakeLists.txt", "executorch-runtime/build.cmake",
+                 "executorch-runtime/ethos_u.cmake", "ExecuTorchRuntime.cmake"):
+        with (copy / name).open("a") as f:
+            f.write("# edited\n")
+        changed = _key(tmp_path, base, other_key)[0]
+        assert changed not in seen, f"{name} is not in the runtime key"
+        seen.add(changed)
 
 
 @requires_cmake

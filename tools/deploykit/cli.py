@@ -19,7 +19,14 @@ from deploykit.flows import flow_names, registry
 from deploykit.flows.base import CALIBRATIONS
 from deploykit.pipeline.profiles import DEFAULT_PROFILE, PROFILES
 from deploykit.run.runners import runner_options
-from deploykit.util.errors import ConfigError, DeployKitError, ExitCode
+from deploykit.util.errors import (
+    NO_SPACE_ERRNOS,
+    ConfigError,
+    DeployKitError,
+    DiskFullError,
+    ExitCode,
+    disk_full,
+)
 from deploykit.util.jsonable import to_jsonable
 from deploykit.util.paths import set_user_dir
 from deploykit.util.progress import ProgressDisplay
@@ -734,6 +741,20 @@ def _main(argv: list[str] | None) -> int:
         out.close()
         print("deploykit: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in NO_SPACE_ERRNOS or args.debug:
+            raise
+        # A write no stage expected to fail (a log, a lock file): the file system is full.
+        out.close()
+        if exc.filename:
+            full = disk_full(exc.filename, exc)
+        else:  # a buffered write that failed when flushed: which file is not known
+            full = DiskFullError("A file system deploykit writes to is full (No space left on "
+                                 "device).", "Free space where the command writes (its --out, "
+                                 "the workspace) and run it again; nothing half-written is "
+                                 "kept.")
+        print(f"deploykit: error: {full}", file=sys.stderr)
+        return int(full.exit_code)
     finally:
         out.close()
 

@@ -22,7 +22,6 @@ import shlex
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from deploykit.readers.pte_reader import load_program, method_plan, read_pte_inf
 from deploykit.util.errors import BuildError, ConfigError
 from deploykit.util.fsutil import write_atomic, write_if_changed
 from deploykit.util.paths import data_root
+from deploykit.util.version import deploykit_version
 
 Progress = Callable[[str], None]
 
@@ -283,13 +283,6 @@ def check_names(models: Sequence[str]) -> list[str]:
                               "component's shared API uses.", "Rename the model file.")
         seen[name] = model
     return names
-
-
-def deploykit_version() -> str:
-    try:
-        return metadata.version("deploykit")
-    except metadata.PackageNotFoundError:
-        return "0.0.0"
 
 
 def _errors_context() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

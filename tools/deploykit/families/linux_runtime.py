@@ -18,6 +18,7 @@ from deploykit.readers.boards import repo_root
 from deploykit.readers.doctor import require_tools
 from deploykit.util.fsutil import write_atomic
 from deploykit.util.process import tool_version
+from deploykit.util.version import deploykit_version
 
 # ExecuTorch options of the runtime: the XNNPACK delegate (without Arm's KleidiAI kernels, which
 # XNNPACK would download at configure time), the file data loader, and nothing else (no
@@ -80,6 +81,12 @@ def _compiler_version(prefix: str) -> str:
     return tool_version([f"{prefix}g++", "--version"], "the aarch64 runtime's cache key")
 
 
+def _project_hash() -> str:
+    """This module decides how the runtime is configured and built: another deploykit's may
+    build the same inputs otherwise."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
 def runtime_key(
     cpu_flags: list[str],
     source_commits: dict[str, str],
@@ -88,6 +95,7 @@ def runtime_key(
     """The key of a runtime build and the text it hashes: one `name=value` line per input."""
     tc = hashlib.sha256(toolchain_file().read_bytes()).hexdigest()
     lines = [
+        f"deploykit={deploykit_version()} {_project_hash()}",
         f"cpu_flags={' '.join(cpu_flags)}",
         f"compiler={toolchain_prefix} {_compiler_version(toolchain_prefix)}",
         f"toolchain={tc}",

@@ -435,7 +435,7 @@ def _make_int8_io(ep: Any) -> tuple[list[bool], list[bool]]:
 
 
 @contextlib.contextmanager
-def _exact_integer_conv() -> Any:
+def exact_integer_conv() -> Any:
     """The cortex_m ops' reference code convolves int32 tensors with ``F.conv2d``, which
     PyTorch does not implement for a dilated convolution ("slow_conv_dilated<>" not
     implemented for 'Int'); there it is computed in float64 instead, which is exact (int8 x
@@ -490,7 +490,7 @@ def _dialect_check(lowered: Any, inputs: tuple[Any, ...], reference: list[Any],
     graph_copy = lowered.module()  # a copy: to_executorch later rewrites the original
 
     def module(*args: Any) -> Any:
-        with _exact_integer_conv():
+        with exact_integer_conv():
             return graph_copy(*args)
 
     try:

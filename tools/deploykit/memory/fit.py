@@ -43,6 +43,7 @@ from deploykit.readers.boards import Board, repo_root
 from deploykit.util.errors import MemoryPlanError
 from deploykit.util.fsutil import write_atomic
 from deploykit.util.process import tool_version
+from deploykit.util.version import deploykit_version
 
 if TYPE_CHECKING:
     from deploykit.families.base import BoardFamily
@@ -173,15 +174,29 @@ def firmware_sources_hash(family: BoardFamily, root: Path | None = None) -> str:
 def fit_options(program: ProgramInfo, target: Target,
                 build_options: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What a measurement depends on: the .pte, the runtime (ExecuTorch version, compiler,
-    CPU flags, the build profile's CMake options: build type, logging, LTO, ...) and
-    deploykit's firmware sources. Paths are not in it: the same model and runtime measure the
-    same in any output directory."""
+    CPU flags, the build profile's CMake options: build type, logging, LTO, ...), deploykit's
+    firmware sources and the templates of the files it generates for them, and deploykit's
+    version (a record another deploykit wrote into a shared output directory is not used).
+    Paths are not in it: the same model and runtime measure the same in any output
+    directory."""
     board = target.board
     return {"pte_sha256": program.sha256, "executorch": _executorch_version(),
             "compiler": _compiler_version(), "cpu_flags": board.cpu_flags,
             "family": board.family, "build_options": dict(sorted((build_options or {}).items())),
             "firmware_sources": firmware_sources_hash(target.family),
+            "templates": templates_hash(), "deploykit": deploykit_version(),
             **_proxy_options(target)}
+
+
+def templates_hash() -> str:
+    """SHA-256 over the templates the firmware's generated files are rendered from (linker
+    script, board and model configuration, the embedded program)."""
+    templates = Path(__file__).parents[1] / "build" / "templates"
+    h = hashlib.sha256()
+    for p in sorted(templates.rglob("*.j2")):
+        h.update(str(p.relative_to(templates)).encode() + b"\0")
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()[:16]
 
 
 def _proxy_options(target: Target) -> dict[str, Any]:

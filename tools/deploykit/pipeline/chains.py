@@ -66,6 +66,7 @@ from deploykit.run.report import (
 from deploykit.run.validate import Tolerance, compare_sets
 from deploykit.util.errors import ConfigError, DeployKitError, ExitCode, MemoryPlanError
 from deploykit.util.fsutil import write_atomic
+from deploykit.util.version import deploykit_version
 
 Progress = Callable[[str], None]
 
@@ -76,11 +77,13 @@ def _export_key(model_path: Path, flow: Flow, cpu: str, settings: dict | None = 
     may import its neighbours, as mobilenet_v2_lrn imports mobilenet_v2), the flow and its
     target settings (for the Ethos-U flow: Vela target, system config, memory mode), CPU,
     the exporter's code (the export stage, the built-in flows and the flow's own module, which
-    may come from another package) and versions."""
+    may come from another package, the operator coverage check) and the versions of torch,
+    ExecuTorch and deploykit (another deploykit sharing the output directory exports anew)."""
     package = Path(__file__).parents[1]
     # datasets.py: a model file may take its inputs from a built-in data set (digits_cnn).
     exporter = {package / "program" / "export.py", package / "program" / "models.py",
                 package / "program" / "datasets.py", package / "readers" / "pte_reader.py",
+                package / "readers" / "op_coverage.py",
                 *(package / "flows").glob("*.py"), Path(inspect.getfile(type(flow)))}
     h = hashlib.sha256()
     neighbours = sorted(model_path.parent.glob("*.py"))
@@ -88,7 +91,8 @@ def _export_key(model_path: Path, flow: Flow, cpu: str, settings: dict | None = 
                  flow.name.encode(), cpu.encode(), inputs_digest.encode(), options.encode(),
                  json.dumps(settings, sort_keys=True).encode(),
                  *(p.read_bytes() for p in sorted(exporter)),
-                 metadata.version("torch").encode(), metadata.version("executorch").encode()):
+                 metadata.version("torch").encode(), metadata.version("executorch").encode(),
+                 deploykit_version().encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
 

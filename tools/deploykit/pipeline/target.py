@@ -29,6 +29,7 @@ from deploykit.readers.npu import with_npu_overrides
 from deploykit.run.proxy import proxy_board, proxy_section
 from deploykit.run.runners import runner_class
 from deploykit.util.errors import ConfigError
+from deploykit.util.version import deploykit_version
 
 if TYPE_CHECKING:
     from deploykit.families.base import BoardFamily
@@ -75,8 +76,10 @@ class Target:
         return self.board.npu
 
     def cmake_definitions(self) -> dict[str, str]:
-        """The firmware build's CMake cache entries of the profile, for this family."""
-        return self.profile.cmake_definitions(self.family)
+        """The firmware build's CMake cache entries of the profile, for this family, and the
+        version of deploykit, which keys the cached runtime it links (key.cmake)."""
+        return {**self.profile.cmake_definitions(self.family),
+                "DK_DEPLOYKIT_VERSION": deploykit_version()}
 
     def runner_kwargs(self, workspace: Path | None,
                       progress: Callable[[str], None]) -> dict[str, Any]:

@@ -3,17 +3,16 @@ host's, in execution order (`deploykit run --debug-intermediates`, docs/profilin
 
 The device streams each operator's output tensors (`trace_tensor` records of profiling firmware
 built with DK_TRACE_INTERMEDIATES). The host runs the same program on the same inputs: it
-interprets the `.pte`'s instructions one by one, calling each operator's functional PyTorch
-implementation (ATen for the portable kernels; the cortex_m operators' integer reference, which
-CMSIS-NN matches bit for bit) with the program's own constants and arguments. The first
-instruction whose output differs beyond the tolerance is the first divergence.
+interprets the `.pte`'s instructions one by one (program/pte_interpreter.py), calling each
+operator's PyTorch implementation (ATen for the portable kernels; the cortex_m operators'
+integer reference, which CMSIS-NN matches bit for bit) with the program's own constants,
+arguments and planned memory. The first instruction whose output differs beyond the tolerance
+is the first divergence.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -21,7 +20,7 @@ from deploykit.readers.protocol.decoder import RunRecords
 
 
 class InterpretError(Exception):
-    """The host cannot run an instruction of the program (says which and why)."""
+    """The host cannot run the program, or an instruction of it (says which and why)."""
 
 
 @dataclass
@@ -92,27 +91,7 @@ def _figure(x: float | None) -> str:
     return f"{'-':>12}" if x is None else f"{x:>12.6g}"
 
 
-# ---- the host side: a .pte interpreter over PyTorch's functional operators ----------------
-
-_TORCH_DTYPES = {
-    0: "uint8",
-    1: "int8",
-    2: "int16",
-    3: "int32",
-    4: "int64",
-    6: "float32",
-    7: "float64",
-    11: "bool",
-}
-
-
-def _torch_dtype(code: int) -> Any:
-    import torch
-
-    name = _TORCH_DTYPES.get(code)
-    if name is None:
-        raise InterpretError(f"scalar type {code} is not supported")
-    return getattr(torch, name)
+# ---- the host side: the program run on the host, kernel call by kernel call ------------------
 
 
 def _from_memory_order(data: np.ndarray, sizes: list[int], dim_order: list[int]) -> np.ndarray:
@@ -120,17 +99,6 @@ def _from_memory_order(data: np.ndarray, sizes: list[int], dim_order: list[int])
     order = list(dim_order) if dim_order else list(range(len(sizes)))
     stored = data.reshape([sizes[d] for d in order])
     return np.ascontiguousarray(np.transpose(stored, np.argsort(order)))
-
-
-def _program_inputs(plan: Any, inputs: list[np.ndarray]) -> dict[int, Any]:
-    import torch
-
-    if len(plan.inputs) != len(inputs):
-        raise InterpretError(f"the program takes {len(plan.inputs)} inputs, got {len(inputs)}")
-    return {
-        index: torch.from_numpy(np.ascontiguousarray(a))
-        for index, a in zip(plan.inputs, inputs, strict=True)
-    }
 
 
 @dataclass
@@ -144,136 +112,31 @@ class HostRun:
 
 
 def run_program(pte: bytes, inputs: list[np.ndarray]) -> HostRun:
-    """Run `pte`'s forward method on the host, instruction by instruction."""
-    import torch
-
-    from deploykit.readers.pte_reader import load_program, method_plan, operator_names
-
-    # The cortex_m operators' reference implementations register with torch on import.
-    with contextlib.suppress(ImportError):
-        # Through the pass manager, as the flow imports it: the package needs that order.
-        import executorch.backends.cortex_m.passes.cortex_m_pass_manager  # noqa: F401
-    program = load_program(pte, "the program")
-    plan = method_plan(program, "forward", "the program")
-    names = operator_names(plan)
-    values: dict[int, Any] = _program_inputs(plan, inputs)
-    storage: dict[tuple[int, int, int], Any] = {}  # planned address -> the tensor written there
-
-    def tensor_value(i: int, t: Any) -> Any:
-        if i in values:
-            return values[i]
-        if t.data_buffer_idx > 0 and t.allocation_info is None:  # a constant
-            raw = np.frombuffer(
-                bytes(program.constant_buffer[t.data_buffer_idx].storage),
-                dtype=np.dtype(_TORCH_DTYPES[int(t.scalar_type)]),
-            )
-            count = int(np.prod(t.sizes)) if t.sizes else 1
-            logical = _from_memory_order(raw[:count], list(t.sizes), list(t.dim_order))
-            values[i] = torch.from_numpy(logical.copy())
-            return values[i]
-        # Memory planning may let one value be another's bytes under other sizes (a view the
-        # program does not copy): read what was written at the same planned address.
-        written = storage.get(_address(t))
-        if written is not None and written.numel() == int(np.prod(t.sizes or [1])):
-            values[i] = written.reshape(list(t.sizes))
-            return values[i]
-        raise InterpretError(f"value {i} is read before any instruction wrote it")
-
-    def value(i: int, schema_type: Any = None) -> Any:
-        v = plan.values[i].val
-        kind = type(v).__name__
-        if kind == "Tensor":
-            return tensor_value(i, v)
-        if kind == "Int":
-            if schema_type is not None and "ScalarType" in str(schema_type):
-                return _torch_dtype(v.int_val)
-            return v.int_val
-        if kind == "Double":
-            return v.double_val
-        if kind == "Bool":
-            return v.bool_val
-        if kind == "Null":
-            return None
-        if kind == "String":
-            return v.string_val
-        if kind == "IntList":
-            return [plan.values[j].val.int_val for j in v.items]
-        if kind in ("DoubleList", "BoolList"):
-            return list(v.items)
-        if kind == "TensorList":
-            return [value(j) for j in v.items]
-        if kind == "OptionalTensorList":
-            return [None if j < 0 else value(j) for j in v.items]
-        raise InterpretError(f"value {i} of kind {kind} is not supported")
+    """Run `pte`'s forward method on the host (program/pte_interpreter.py, the interpreter of
+    a .pte given as the model: planned memory, dim orders and kernel calls as the runtime has
+    them) and keep what each KernelCall writes to its outs, which is what the device's event
+    tracer logs for it."""
+    from deploykit.program.pte_interpreter import KernelOutputs
+    from deploykit.program.pte_interpreter import run_program as interpret
+    from deploykit.readers.pte_reader import load_program, method_plan
+    from deploykit.util.errors import DeployKitError
 
     run = HostRun({}, {}, {})
-    for c, chain in enumerate(plan.chains):
-        for n, instr in enumerate(chain.instructions):
-            kind = type(instr.instr_args).__name__
-            if kind == "DelegateCall":
-                raise InterpretError(
-                    f"instruction {n} is a delegate call: the host cannot run "
-                    "a delegate's blob operator by operator"
-                )
-            if kind != "KernelCall":
-                continue
-            name = names[instr.instr_args.op_index]
-            run.operators[(c, n)] = name
-            namespace, _, rest = name.partition("::")
-            op_name = rest.rsplit(".", 1)[0]
-            packet = getattr(getattr(torch.ops, namespace), op_name)
-            out_schema = getattr(packet, rest.rsplit(".", 1)[1])._schema
-            functional = _functional_schema(packet, out_schema, name)
-            overload = getattr(packet, functional.overload_name or "default")
-            args = list(instr.instr_args.args)
-            out_positions = [k for k, a in enumerate(out_schema.arguments) if a.is_out]
-            call_args = [
-                value(args[k], a.type)
-                for k, a in enumerate(functional.arguments)
-                if not a.kwarg_only
-            ]
-            call_kwargs = {
-                a.name: value(args[k], a.type)
-                for k, a in enumerate(functional.arguments)
-                if a.kwarg_only
-            }
-            try:
-                result = overload(*call_args, **call_kwargs)
-            except Exception as exc:
-                raise InterpretError(f"instruction {n} ({name}) failed on the host: {exc}") from exc
-            results = list(result) if isinstance(result, (tuple, list)) else [result]
-            outs, orders = [], []
-            for k, r in zip(out_positions, results, strict=False):
-                values[args[k]] = r
-                address = _address(plan.values[args[k]].val)
-                if address is not None:
-                    storage[address] = r.contiguous()
-                outs.append(r.detach().numpy().copy())
-                orders.append(list(plan.values[args[k]].val.dim_order))
-            run.outputs[(c, n)] = outs
-            run.dim_orders[(c, n)] = orders
+    try:
+        plan = method_plan(load_program(pte, "the program"), "forward", "the program")
+
+        def keep(call: KernelOutputs) -> None:
+            key = (call.chain, call.instruction)
+            run.operators[key] = call.operator
+            # Copies: later kernels write again the planned memory these outputs live in.
+            run.outputs[key] = [t.detach().contiguous().numpy().copy() for _, t in call.outputs]
+            run.dim_orders[key] = [[int(d) for d in plan.values[i].val.dim_order]
+                                   for i, _ in call.outputs]
+
+        interpret(pte, inputs, "the program", on_kernel=keep)
+    except DeployKitError as exc:
+        raise InterpretError(exc.cause) from exc
     return run
-
-
-def _address(t: Any) -> tuple[int, int, int] | None:
-    """Where memory planning put a tensor (memory id, offset), None for constants."""
-    info = t.allocation_info
-    if info is None:
-        return None
-    return (info.memory_id, info.memory_offset_low, info.memory_offset_high)
-
-
-def _functional_schema(packet: Any, out_schema: Any, name: str) -> Any:
-    """The functional overload an out variant computes: the one whose arguments are the out
-    variant's without its outs (`mean.out` -> `mean.dim`)."""
-    wanted = [a.name for a in out_schema.arguments if not a.is_out]
-    for overload in packet.overloads():
-        schema = getattr(packet, overload)._schema
-        if [a.name for a in schema.arguments] == wanted and not any(
-            a.is_out for a in schema.arguments
-        ):
-            return schema
-    raise InterpretError(f"{name} has no functional overload with the same arguments")
 
 
 def compare_intermediates(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, replace
@@ -48,6 +49,8 @@ from deploykit.readers.op_coverage import check_coverage
 from deploykit.readers.pte_reader import load_program, method_plan, operator_names
 from deploykit.util.errors import ConfigError
 from deploykit.util.fsutil import write_atomic
+from deploykit.util.isolated import run_isolated
+from deploykit.util.version import deploykit_version
 
 if TYPE_CHECKING:
     import numpy as np
@@ -219,6 +222,10 @@ def check_for_board(program: ForeignProgram, board: Board) -> None:
 # ---- the export directory of an imported program ------------------------------------------
 
 
+# The largest input deploykit makes up (a program's inputs of more elements are given).
+MAX_GENERATED_ELEMENTS = 1 << 25
+
+
 def deterministic_inputs(program: ProgramInfo) -> list[np.ndarray]:
     """Real-valued data of the program's input shapes and dtypes, the same on every call: a
     smooth pattern in [-1, 1] (scaled to an integer type's range)."""
@@ -227,13 +234,20 @@ def deterministic_inputs(program: ProgramInfo) -> list[np.ndarray]:
     arrays = []
     for k, tensor in enumerate(program.inputs):
         shape = tuple(int(s) for s in tensor.sizes)
-        n = int(np.prod(shape)) if shape else 1
-        i = np.arange(n, dtype=np.float64)
-        wave = 0.9 * np.sin(0.37 * i + 0.61 * k) * np.cos(0.011 * i)
-        dtype = np.dtype(tensor.dtype_name) if tensor.dtype_name != "bfloat16" else None
+        n = math.prod(shape)
+        if n > MAX_GENERATED_ELEMENTS:
+            raise ConfigError(f"Input {k} of {program.path} has {n:,} elements; deploykit "
+                              f"makes inputs of up to {MAX_GENERATED_ELEMENTS:,}.",
+                              "Give the inputs with --inputs DIR.")
+        try:
+            dtype = np.dtype(tensor.dtype_name) if tensor.dtype_name != "bfloat16" else None
+        except TypeError:  # a scalar type numpy has no name for
+            dtype = np.dtype(object)
         if dtype is None:
             raise ConfigError(f"Input {k} of {program.path} is bfloat16.",
                               "Give the inputs with --inputs DIR.")
+        i = np.arange(n, dtype=np.float64)
+        wave = 0.9 * np.sin(0.37 * i + 0.61 * k) * np.cos(0.011 * i)
         if dtype.kind == "f":
             data = wave.astype(dtype)
         elif dtype.kind == "b":
@@ -247,6 +261,23 @@ def deterministic_inputs(program: ProgramInfo) -> list[np.ndarray]:
                               "Give the inputs with --inputs DIR.")
         arrays.append(data.reshape(shape))
     return arrays
+
+
+def _placeholder(program: ForeignProgram, k: int, tensor: Any) -> np.ndarray:
+    """Zeros in the shape of output `k`, where there is no reference to compare with."""
+    import numpy as np
+
+    n = math.prod(int(s) for s in tensor.sizes)
+    try:
+        dtype = np.dtype(tensor.dtype_name)
+    except TypeError:
+        dtype = None
+    if dtype is None or n > MAX_GENERATED_ELEMENTS:
+        raise ConfigError(f"Output {k} of {program.path} is {tensor.dtype_name} "
+                          f"{list(tensor.sizes)}, which deploykit cannot hold on the host.",
+                          "The file is damaged, or not a program for this ExecuTorch: export "
+                          "it again.")
+    return np.zeros(tuple(int(s) for s in tensor.sizes), dtype=dtype)
 
 
 def output_quant(path: Path) -> list[QuantParams | None]:
@@ -289,34 +320,81 @@ def _io_quant(path: Path, which: str) -> list[QuantParams | None]:
     return [found.get(i) for i in indices]
 
 
-def host_reference(program: ForeignProgram, inputs: list[np.ndarray]
-                   ) -> tuple[str, Any] | None:
-    """How the program runs on the host, and a function of its inputs to its outputs: the
-    ExecuTorch pybindings when they have its kernels and delegates, else its operators' torch
-    implementations when it has no delegate, else None."""
+def host_reference(program: ForeignProgram) -> tuple[str, Any] | None:
+    """How the program runs on the host, and a function of its input sets to their outputs:
+    the ExecuTorch pybindings when they have its kernels and delegates, else its operators'
+    torch implementations when it has no delegate, else None. The function runs in a child
+    process (util/isolated.py): a damaged program can make either crash or loop."""
     from deploykit.program import pte_interpreter
 
     data = program.path.read_bytes()
+    _check_host_memory(program)
+    hint = "The file is damaged, or not a program for this ExecuTorch: export it again."
     if _pybindings_run(program.info):
-        import torch
-        from executorch.runtime import Runtime
+        def on_pybindings(sets: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+            import torch
+            from executorch.runtime import Runtime
 
-        # The runtime reads the program in place: the bytes and the program object live as
-        # long as the method (a freed buffer under a delegate crashes the process).
-        loaded = Runtime.get().load_program(data)
-        method = loaded.load_method("forward")
+            try:
+                loaded = Runtime.get().load_program(data)
+                method = loaded.load_method("forward")
+            except RuntimeError as exc:  # the runtime's Error code, as the pybindings raise it
+                raise ConfigError(f"The ExecuTorch runtime does not load {program.path}: "
+                                  f"{exc}.", hint) from exc
+            except MemoryError as exc:  # std::bad_alloc: the memory the program plans
+                raise ConfigError(f"The host cannot allocate the memory {program.path} plans "
+                                  f"({program.info.planned_total:,} B).", hint) from exc
+            outputs = []
+            for xs in sets:
+                try:
+                    out = method.execute([torch.from_numpy(x.copy()) for x in xs])
+                except RuntimeError as exc:
+                    raise ConfigError(f"{program.path} fails on the host's ExecuTorch "
+                                      f"runtime: {exc}.", hint) from exc
+                outputs.append([t.detach().numpy().copy() for t in out
+                                if isinstance(t, torch.Tensor)])
+            return outputs
 
-        def on_pybindings(xs: list[np.ndarray], keep: tuple = (data, loaded)) -> list[np.ndarray]:
-            out = method.execute([torch.from_numpy(x.copy()) for x in xs])
-            return [t.detach().numpy().copy() for t in out if isinstance(t, torch.Tensor)]
-
-        return PYBINDINGS_REFERENCE, on_pybindings
+        return PYBINDINGS_REFERENCE, _isolated(program, on_pybindings, hint)
     if pte_interpreter.why_not_interpretable(data, str(program.path)) is None:
-        def on_torch(xs: list[np.ndarray]) -> list[np.ndarray]:
-            return pte_interpreter.run_program(data, xs, str(program.path))
+        def on_torch(sets: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+            return [pte_interpreter.run_program(data, xs, str(program.path)) for xs in sets]
 
-        return INTERPRETER_REFERENCE, on_torch
+        return INTERPRETER_REFERENCE, _isolated(program, on_torch, hint)
     return None
+
+
+# Host time ExecuTorch's operator lister may take (it reads the program once).
+LIST_TIMEOUT_S = 60.0
+# Host time a reference may take: a floor, and a generous rate for the MACs of its CPU
+# kernels (the portable kernels run a few hundred MMAC/s on a host; this allows 20 MMAC/s).
+REFERENCE_FLOOR_S = 5.0
+REFERENCE_MACS_PER_S = 2e7
+
+
+def _isolated(program: ForeignProgram, compute: Any, hint: str) -> Any:
+    macs = program.info.costs.macs if program.info.costs is not None else 0
+
+    def run(sets: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+        budget = REFERENCE_FLOOR_S + len(sets) * macs / REFERENCE_MACS_PER_S
+        return run_isolated(lambda: compute(sets), budget,
+                            f"The host reference of {program.path}", hint)
+
+    return run
+
+
+def _check_host_memory(program: ForeignProgram) -> None:
+    """A program that plans more memory than the host has is refused before the host's
+    runtime tries to allocate it (a damaged program can plan terabytes)."""
+    import os
+
+    planned = program.info.planned_total
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if planned > physical:
+        raise ConfigError(f"{program.path} plans {planned:,} B of memory, more than this "
+                          f"host's {physical:,} B: it cannot run here.",
+                          "If the file is damaged, export it again; else give the expected "
+                          "outputs with --expect FILE.npz.")
 
 
 def _pybindings_run(info: ProgramInfo) -> bool:
@@ -361,14 +439,15 @@ def expected_outputs(program: ForeignProgram) -> list[np.ndarray]:
 def import_key(program: ForeignProgram, flow: Flow, cpu: str, settings: dict | None,
                inputs_digest: str) -> str:
     """Everything an import depends on: the program, the expected outputs, the flow and target,
-    the inputs, and this importer's code."""
+    the inputs, this importer's code and deploykit's version."""
     package = Path(__file__).parents[1]
     code = [package / "program" / n for n in ("imported.py", "pte_interpreter.py", "export.py")]
     h = hashlib.sha256()
     for part in (program.path.read_bytes(),
                  program.expect.read_bytes() if program.expect else b"", flow.name.encode(),
                  cpu.encode(), json.dumps(settings, sort_keys=True).encode(),
-                 inputs_digest.encode(), *(p.read_bytes() for p in code)):
+                 inputs_digest.encode(), deploykit_version().encode(),
+                 *(p.read_bytes() for p in code)):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
 
@@ -397,7 +476,12 @@ def import_program(program: ForeignProgram, flow: Flow, out_dir: Path, cpu: str,
 
     step("gen_oplist")
     with tempfile.TemporaryDirectory(prefix="dk-oplist-") as tmp:
-        ops_yaml = gen_oplist_yaml(data, Path(tmp))
+        # ExecuTorch's operator lister reads the program in native code that trusts it: a
+        # damaged one can crash it, so it runs in a child (util/isolated.py).
+        ops_yaml = run_isolated(lambda: gen_oplist_yaml(data, Path(tmp)), LIST_TIMEOUT_S,
+                                f"Listing the operators of {program.path}",
+                                "The file is damaged, or not a program for this ExecuTorch: "
+                                "export it again.")
 
     op_list = ops_from_yaml(ops_yaml)
     step("operator coverage")
@@ -416,14 +500,14 @@ def import_program(program: ForeignProgram, flow: Flow, out_dir: Path, cpu: str,
         kind, references = f"{EXPECTED_REFERENCE} ({program.expect})", [expected_outputs(program)]
     else:
         step("host reference")
-        host = host_reference(program, inputs)
+        host = host_reference(program)
         if host is None:
             kind = NO_REFERENCE
-            references = [[np.zeros(tuple(t.sizes), dtype=t.dtype_name)
-                           for t in program.info.outputs] for _ in sets]
+            references = [[_placeholder(program, k, t) for k, t in
+                           enumerate(program.info.outputs)] for _ in sets]
         else:
             kind, run = host
-            references = [run(list(xs)) for xs in sets]
+            references = run([list(xs) for xs in sets])
     outputs_quant = output_quant(program.path)
     inputs_quant = input_quant(program.path)
     tolerance = flow.default_tolerance(outputs_quant)

@@ -56,7 +56,6 @@ def load_input_sets(directory: Path, example_inputs: tuple[Any, ...]) -> InputSe
 def read_samples(directory: Path, what: str) -> InputSets:
     """Every sample of `directory` and its label, not yet checked against a model. `what`
     names the directory in errors ("--inputs", "data set ./my_set")."""
-    import numpy as np
     import torch
 
     directory = Path(directory)
@@ -78,21 +77,16 @@ def read_samples(directory: Path, what: str) -> InputSets:
     for path in files:
         digest.update(path.name.encode() + hashlib.sha256(path.read_bytes()).digest())
         try:
-            if path.suffix == ".npy":
-                tensors: tuple[Any, ...] = (torch.from_numpy(np.load(path)),)
-            elif path.suffix == ".npz":
-                with np.load(path) as npz:
-                    tensors = tuple(torch.from_numpy(npz[key]) for key in _npz_inputs(npz.files))
-            else:
-                value = torch.load(path, weights_only=True)
-                tensors = tuple(value) if isinstance(value, list | tuple) else (value,)
-        except (OSError, ValueError, KeyError, RuntimeError) as exc:
-            raise ConfigError(f"{what}: cannot read {path}: {exc}",
+            tensors = _read_sample(path, what)
+        except ConfigError:
+            raise
+        except Exception as exc:  # numpy's and torch's readers raise many unrelated types
+            raise ConfigError(f"{what}: cannot read {path}: {type(exc).__name__}: {exc}",
                               "Each file holds one sample (see `deploykit run --help`).") \
                 from exc
         if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
-            raise ConfigError(f"{what}: {path} holds no tensor (or something else beside "
-                              "tensors).", "torch.save a tensor or a tuple of tensors.")
+            raise ConfigError(f"{what}: {path.name} holds something other than tensors.",
+                              "Save a tensor, or a tuple of tensors, with torch.save.")
         samples.append(tensors)
     labels: dict[str, int] = {}
     labels_file = directory / LABELS_NAME
@@ -129,10 +123,48 @@ def _read_labels(path: Path) -> dict[str, int]:
             if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
                 raise ValueError(f"label of {k} is {v!r}")
             labels[str(k)] = int(v)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{path} is not a JSON object of name → integer label ({exc}).",
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise ConfigError(f"{path} is not a JSON object of name → integer label "
+                          f"({type(exc).__name__}: {exc}).",
                           'Write it like {"digit_0": 7, "digit_1": 2}.') from exc
     return labels
+
+
+def _read_sample(path: Path, what: str) -> tuple[Any, ...]:
+    """The tensors of one sample file. An .npy is mapped rather than read, so that a header
+    claiming more data than the file holds is refused, not allocated; an .npz member's header
+    is checked against its size before it is read."""
+    import numpy as np
+    import torch
+
+    if path.suffix == ".npy":
+        return (torch.from_numpy(np.array(np.load(path, mmap_mode="r"))),)
+    if path.suffix == ".npz":
+        with np.load(path) as npz:
+            arrays = []
+            for key in _npz_inputs(npz.files):
+                _check_npz_member(npz, key, path, what)
+                arrays.append(torch.from_numpy(np.ascontiguousarray(npz[key])))
+            return tuple(arrays)
+    value = torch.load(path, weights_only=True)
+    return tuple(value) if isinstance(value, list | tuple) else (value,)
+
+
+def _check_npz_member(npz: Any, key: str, path: Path, what: str) -> None:
+    import numpy as np
+
+    info = npz.zip.getinfo(f"{key}.npy")
+    with npz.zip.open(info) as member:
+        version = np.lib.format.read_magic(member)
+        shape, _, dtype = np.lib.format._read_array_header(member, version)
+        header = member.tell()
+    count = 1
+    for s in shape:
+        count *= s
+    if count * dtype.itemsize > info.file_size - header:
+        raise ConfigError(f"{what}: {path.name}: {key} claims {shape} {dtype}, more than "
+                          f"its {info.file_size - header} bytes of data.",
+                          "The file is damaged: save the sample again (numpy.savez).")
 
 
 def check_sample(what: str, tensors: tuple[Any, ...], example: tuple[Any, ...]) -> None:

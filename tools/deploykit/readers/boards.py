@@ -27,13 +27,30 @@ _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def parse_size(value: int | str) -> int:
-    """`512K` → 524288; integers pass through."""
-    if isinstance(value, int):
+    """`512K` → 524288; integers pass through (a whole float, as YAML may read `1e6`, too).
+    ValueError for anything else."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
-    m = _SIZE_RE.match(value.strip())
+    m = _SIZE_RE.match(value.strip()) if isinstance(value, str) else None
     if not m:
         raise ValueError(f"not a size: {value!r}")
     return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+
+
+def _board_size(value: Any, where: str, path: Path) -> int:
+    """A size of the board file, or a ConfigError naming its place."""
+    try:
+        size = parse_size(value)
+    except ValueError as exc:
+        raise ConfigError(f"Board file {path}: {where} is {value!r}, not a size.",
+                          "Write a number of bytes, or one with K, M or G (512K).") from exc
+    if not 0 <= size < 1 << 32:
+        said = f"{size:,} B" if abs(size) < 1 << 64 else "more than 4 GiB"
+        raise ConfigError(f"Board file {path}: {where} is {said}.",
+                          "A size is between 0 and 4 GiB.")
+    return size
 
 
 @dataclass(frozen=True)
@@ -171,8 +188,10 @@ def board_from_dict(data: Any, path: Path) -> Board:
         raise ConfigError(f"Board file {path} does not match the board schema:\n"
                           + "\n".join(lines),
                           "See docs/boards.md for the board file reference.")
+    data = _whole_numbers(data)
     memory = tuple(
-        MemoryRegion(r["name"], r["origin"], parse_size(r["size"]), tuple(r["holds"]))
+        MemoryRegion(r["name"], r["origin"], _board_size(r["size"], f"region {r['name']} size",
+                                                         path), tuple(r["holds"]))
         for r in data["memory"]
     )
     _check_memory(memory, data["placement"], path)
@@ -189,8 +208,8 @@ def board_from_dict(data: Any, path: Path) -> Board:
         cpu=data["cpu"],
         memory=memory,
         placement=dict(data["placement"]),
-        stack_size=parse_size(data["stack_size"]),
-        heap_size=parse_size(data["heap_size"]),
+        stack_size=_board_size(data["stack_size"], "stack_size", path),
+        heap_size=_board_size(data["heap_size"], "heap_size", path),
         console=data["console"],
         timer=data["timer"],
         export=data["export"],
@@ -199,6 +218,18 @@ def board_from_dict(data: Any, path: Path) -> Board:
         raw=data,
         npu=npu_config(data),
     )
+
+
+def _whole_numbers(node: Any) -> Any:
+    """The schema's integers as ints: JSON Schema takes a whole float (YAML reads `1e6` so) for
+    an integer, which the code after it formats and adds as one."""
+    if isinstance(node, dict):
+        return {k: _whole_numbers(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_whole_numbers(v) for v in node]
+    if isinstance(node, float) and node.is_integer():
+        return int(node)
+    return node
 
 
 def _check_memory(memory: tuple[MemoryRegion, ...], placement: dict[str, str],

@@ -41,7 +41,132 @@ def load_program(data: bytes, source: str) -> Any:
     if not isinstance(program.execution_plan, list):
         raise ConfigError(f"{source} is not a readable ExecuTorch program: it has no "
                           "execution plan.", hint)
+    problem = _inconsistency(program)
+    if problem:
+        raise ConfigError(f"{source} is not a consistent ExecuTorch program: {problem}.",
+                          "The file is damaged: export the model again.")
     return program
+
+
+# Bytes per element of the scalar types a planned tensor may have (the rest are not checked
+# against their buffer).
+_ITEMSIZE = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 11: 1, 15: 2, 27: 2, 28: 4, 29: 8}
+# Logical elements of one tensor past which a program is taken for damaged: more than any
+# planned buffer or input deploykit could hold (2**40 bytes at least).
+_MAX_ELEMENTS = 1 << 40
+
+
+def _inconsistency(program: Any) -> str | None:
+    """What, if anything, makes the program's cross-references wrong: an index past its
+    table (values, operators, delegates, constants, planned buffers, instructions), a planned
+    tensor outside its buffer, sizes that are negative or absurd, a dim order that is no
+    permutation. Everything that reads a program trusts these afterwards; the runtime's own
+    loader checks the same before it runs one."""
+    try:
+        for plan in program.execution_plan:
+            problem = _plan_inconsistency(program, plan)
+            if problem:
+                return f"method '{plan.name}': {problem}"
+    except (AttributeError, TypeError, ValueError) as exc:  # a field of the wrong kind
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _plan_inconsistency(program: Any, plan: Any) -> str | None:  # noqa: C901 (one check each)
+    n_values, n_ops = len(plan.values), len(plan.operators)
+    buffers = [int(s) for s in plan.non_const_buffer_sizes]
+    constants = len(program.constant_buffer)
+
+    def value(i: Any, what: str, optional: bool = False) -> str | None:
+        if isinstance(i, int) and (0 <= i < n_values or (optional and i == -1)):
+            return None
+        return f"{what} names value {i} of {n_values}"
+
+    if any(b < 0 for b in buffers):
+        return f"a planned buffer has a negative size ({buffers})"
+    for k, op in enumerate(plan.operators):
+        if not isinstance(op.name, str) or not op.name or not isinstance(op.overload,
+                                                                          str | None):
+            return f"operator {k} has no name"
+    for k, delegate in enumerate(plan.delegates):
+        if not isinstance(delegate.id, str) or not delegate.id:
+            return f"delegate {k} has no backend id"
+        if any(not isinstance(spec.key, str) or not isinstance(spec.value, bytes | bytearray)
+               for spec in delegate.compile_specs):
+            return f"delegate {k} has a compile spec without a key or a value"
+        where = delegate.processed
+        if where.location == 0:  # inline: in the program's backend_delegate_data
+            blobs = program.backend_delegate_data
+            if not 0 <= where.index < len(blobs):
+                return f"delegate {k} names inline data {where.index} of {len(blobs)}"
+            if not isinstance(blobs[where.index].data, bytes | bytearray):
+                return f"delegate {k}'s inline data {where.index} is missing"
+        elif not 0 <= where.index < len(program.segments):
+            return f"delegate {k} names segment {where.index} of {len(program.segments)}"
+    for what, indices in (("an input", plan.inputs), ("an output", plan.outputs)):
+        for i in indices:
+            if (problem := value(i, what)) is not None:
+                return problem
+    for i, v in enumerate(plan.values):
+        val, kind = v.val, type(v.val).__name__
+        if kind == "Tensor":
+            sizes, order = [int(s) for s in val.sizes], [int(d) for d in val.dim_order]
+            if any(s < 0 for s in sizes):
+                return f"value {i} has negative sizes {sizes}"
+            count = 1
+            for s in sizes:
+                count *= s
+            if count > _MAX_ELEMENTS:
+                return f"value {i} has {count} elements (sizes {sizes})"
+            if order and sorted(order) != list(range(len(sizes))):
+                return f"value {i} has dim order {order} for {len(sizes)} dimensions"
+            info = val.allocation_info
+            if info is None:
+                if val.data_buffer_idx != 0 and not 0 <= val.data_buffer_idx < constants:
+                    return (f"value {i} names constant {val.data_buffer_idx} of "
+                            f"{constants}")
+                continue
+            memory = int(info.memory_id)
+            if not 0 < memory < len(buffers):
+                return f"value {i} is planned in buffer {memory} of {len(buffers) - 1}"
+            itemsize = _ITEMSIZE.get(int(val.scalar_type))
+            end = int(info.memory_offset) + count * (itemsize or 0)
+            if end > buffers[memory]:
+                return (f"value {i} ends at byte {end} of planned buffer {memory}, which has "
+                        f"{buffers[memory]}")
+        elif kind in ("IntList", "TensorList", "OptionalTensorList"):
+            for item in val.items:
+                if (problem := value(item, f"value {i} ({kind})",
+                                     optional=kind == "OptionalTensorList")) is not None:
+                    return problem
+    for c, chain in enumerate(plan.chains):
+        count = len(chain.instructions)
+        for n, instruction in enumerate(chain.instructions):
+            args, kind = instruction.instr_args, type(instruction.instr_args).__name__
+            where = f"instruction {n} of chain {c}"
+            if kind == "KernelCall":
+                if not 0 <= args.op_index < n_ops:
+                    return f"{where} calls operator {args.op_index} of {n_ops}"
+                indices = list(args.args)
+            elif kind == "DelegateCall":
+                if not 0 <= args.delegate_index < len(plan.delegates):
+                    return (f"{where} calls delegate {args.delegate_index} of "
+                            f"{len(plan.delegates)}")
+                indices = list(args.args)
+            elif kind == "MoveCall":
+                indices = [args.move_from, args.move_to]
+            elif kind == "JumpFalseCall":
+                if not 0 <= args.destination_instruction <= count:
+                    return f"{where} jumps to instruction {args.destination_instruction}"
+                indices = [args.cond_value_index]
+            elif kind == "FreeCall":
+                indices = [args.value_index]
+            else:
+                return f"{where} is of no known kind ({kind})"
+            for index in indices:
+                if (problem := value(index, where)) is not None:
+                    return problem
+    return None
 
 
 def method_plan(program: Any, method: str, source: str) -> Any:

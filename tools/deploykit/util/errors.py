@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from enum import IntEnum
+from pathlib import Path
 
 
 class ExitCode(IntEnum):
@@ -52,6 +55,29 @@ class ConfigError(DeployKitError):
 
 class EnvironmentProblem(DeployKitError):
     exit_code = ExitCode.ENVIRONMENT
+
+
+class DiskFullError(EnvironmentProblem):
+    """A write the file system refused for want of space (ENOSPC, EDQUOT)."""
+
+
+# The errno values of a full file system (or a user's quota).
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(path: Path | str, exc: OSError | None = None) -> DiskFullError:
+    """The DiskFullError of a write to `path` (a file, or the directory it went into)."""
+    place = Path(path)
+    probe = next((p for p in (place, *place.parents) if p.exists()), None)
+    free = ""
+    if probe is not None:
+        stat = os.statvfs(probe)
+        free = f" ({stat.f_bavail * stat.f_frsize:,} B free there)"
+    detail = f": {exc.strerror}" if exc is not None and exc.strerror else ""
+    return DiskFullError(f"No space left to write {place}{free}{detail}.",
+                         "Free space on that file system (or give another --out or "
+                         "--workspace) and run the command again; nothing half-written is "
+                         "kept.")
 
 
 class ExportError(DeployKitError):

@@ -6,13 +6,21 @@ import os
 import tempfile
 from pathlib import Path
 
+from deploykit.util.errors import NO_SPACE_ERRNOS, disk_full
+
 
 def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write `data` to `path` through a temp file in the same directory and a rename."""
+    """Write `data` to `path` through a temp file in the same directory and a rename. A full
+    file system is a DiskFullError naming `path` (the temp file is gone, `path` unchanged)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        if exc.errno in NO_SPACE_ERRNOS:
+            raise disk_full(path, exc) from exc
+        raise
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
@@ -21,8 +29,10 @@ def write_atomic(path: Path, data: bytes | str) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+            raise disk_full(path, exc) from exc
         raise
 
 

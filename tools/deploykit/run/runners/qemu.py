@@ -29,7 +29,15 @@ from deploykit.readers.protocol import Decoder, RunRecords
 from deploykit.run.runners.base import DEFAULT_TIMEOUT_S, Runner, RunResult
 from deploykit.run.runners.hang import HangLocation, locate_hang, locate_position
 from deploykit.run.stream import StreamClosed, StreamLink
-from deploykit.util.errors import BuildError, ConfigError, EnvironmentProblem, ExitCode, RunError
+from deploykit.util.errors import (
+    NO_SPACE_ERRNOS,
+    BuildError,
+    ConfigError,
+    EnvironmentProblem,
+    ExitCode,
+    RunError,
+    disk_full,
+)
 from deploykit.util.process import free_port, kill_group, run_dir_for
 
 QEMU_BINARY = "qemu-system-arm"
@@ -171,6 +179,10 @@ class QemuRunner(Runner):
                         killed = True
                         notes.append("QEMU closed the console but did not exit; killed")
                 wall = time.monotonic() - start
+        except OSError as exc:
+            if exc.errno in NO_SPACE_ERRNOS:  # the console or the log, in the run directory
+                raise disk_full(run_dir, exc) from exc
+            raise
         finally:
             if ser is not None:
                 with contextlib.suppress(Exception):
