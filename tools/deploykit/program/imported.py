@@ -335,6 +335,8 @@ def host_reference(program: ForeignProgram) -> tuple[str, Any] | None:
             import torch
             from executorch.runtime import Runtime
 
+            # The runtime reads the program in place: `data` and `loaded` live as long as the
+            # method (a freed buffer under a delegate crashes the process).
             try:
                 loaded = Runtime.get().load_program(data)
                 method = loaded.load_method("forward")
