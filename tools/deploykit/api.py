@@ -482,7 +482,8 @@ def run(board: str | None = None, model: str | None = None, flow: str | None = N
 def validate(board: str | None = None, model: str | None = None, dataset: str | None = None,
              flow: str | None = None, out: Path | None = None, progress: Progress = _quiet,
              profile: str | None = None, npu_macs: int | None = None,
-             npu_memory_mode: str | None = None, strict: bool | None = None, *,
+             npu_memory_mode: str | None = None, strict: bool | None = None,
+             patches: str | None = None, *,
              inputs: Path | None = None, limit: int | None = None,
              calibration: str = "model", max_accuracy_drop: float = 1.0,
              device: Device | None = None, on_board: bool = False,
@@ -513,8 +514,8 @@ def validate(board: str | None = None, model: str | None = None, dataset: str | 
                           "Pass `device` or `on_board=True`, not both.")
     chosen = str(inputs) if inputs is not None else dataset or "digits:test"
     cmd = command(board, model, project=project, runs=on_board, flow=flow, profile=profile,
-                  strict=strict, npu_macs=npu_macs, npu_memory_mode=npu_memory_mode,
-                  timeout=timeout, **(runner_options or {}))
+                  strict=strict, patches=patches, npu_macs=npu_macs,
+                  npu_memory_mode=npu_memory_mode, timeout=timeout, **(runner_options or {}))
     out = cmd.out(out)
 
     def board_session(program):
