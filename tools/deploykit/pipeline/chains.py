@@ -118,6 +118,18 @@ def _native_output_to(log: Path) -> Iterator[None]:
                 os.close(fd)
 
 
+def _finished_export(export_dir: Path, key: str) -> ExportResult | None:
+    """The export in `export_dir` when it was made for `key` and is whole; otherwise None, and
+    its key is removed, so that an export interrupted from now on is never taken as done."""
+    key_file = export_dir / "export-key"
+    if key_file.exists() and key_file.read_text() == key:
+        cached = load_export(export_dir)
+        if cached is not None:
+            return cached
+    key_file.unlink(missing_ok=True)
+    return None
+
+
 def export_stage(target: Target, model: str, out: Path, progress: Progress, *,
                  inputs_dir: Path | None = None, samples: InputSets | Dataset | None = None,
                  calibration: str | None = None, spec: ModelSpec | None = None
@@ -146,12 +158,10 @@ def export_stage(target: Target, model: str, out: Path, progress: Progress, *,
     key = _export_key(model_path, flow_impl, board.cpu["core"], settings,
                       input_sets.digest if input_sets else "", options.key())
     key_file = export_dir / "export-key"
-    if key_file.exists() and key_file.read_text() == key:
-        cached = load_export(export_dir)
-        if cached is not None:
-            progress(f"export of {cached.model_name} is up to date ({export_dir})")
-            return cached
-    key_file.unlink(missing_ok=True)
+    cached = _finished_export(export_dir, key)
+    if cached is not None:
+        progress(f"export of {cached.model_name} is up to date ({export_dir})")
+        return cached
     described = flow_impl.target_description(ExportTarget(board.cpu["core"], settings))
     progress(f"exporting {model} with the {flow_impl.name} flow for {described} "
              f"(native library output: {export_dir / 'export-native.log'})")
@@ -197,12 +207,10 @@ def import_stage(target: Target, out: Path, progress: Progress, *,
     key = "import " + import_key(program, flow_impl, board.cpu["core"], settings,
                                  input_sets.digest if input_sets else "")
     key_file = export_dir / "export-key"
-    if key_file.exists() and key_file.read_text() == key:
-        cached = load_export(export_dir)
-        if cached is not None:
-            progress(f"the program {program.path.name} is imported ({export_dir})")
-            return cached
-    key_file.unlink(missing_ok=True)
+    cached = _finished_export(export_dir, key)
+    if cached is not None:
+        progress(f"the program {program.path.name} is imported ({export_dir})")
+        return cached
     progress(f"importing {program.path} ({program.reason}) for the {flow_impl.name} runtime")
     samples = ([[t.numpy() for t in sample] for sample in input_sets.samples]
                if input_sets else None)
