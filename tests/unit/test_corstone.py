@@ -368,7 +368,7 @@ def test_vela_estimate_per_delegate(tiny_u85):
 
 
 def test_vela_summary_first_label_wins():
-    from deploykit.flows.ethos_u_int8 import _parse_vela_summary
+    from deploykit.flows.vela import parse_summary as _parse_vela_summary
 
     text = ("Total   SRAM bandwidth                           0.25 MB/batch\n"
             "Total   SRAM bandwidth            per input      0.01 MB/inference\n"

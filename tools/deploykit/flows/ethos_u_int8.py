@@ -13,13 +13,13 @@ the NPU's integer semantics. Its difference from the converted PT2E model is rec
 the fallback reference when the TOSA run fails. Each delegate's TOSA flatbuffer is kept
 beside the .pte as ``delegate_<i>.tosa`` (``deploykit explore --tosa``). ``export.json`` gets
 ``partition``: the graph in execution order (delegate segments with their edge ops and Vela's
-summary, CPU op runs), keyed by delegate index, which ``deploykit inspect`` shows.
+summary and per-operator estimate (flows/vela.py), CPU op runs), keyed by delegate index,
+which ``deploykit inspect`` shows.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import operator
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +35,9 @@ from deploykit.flows.base import (
 )
 from deploykit.flows.common import flatten_tensors, in_steps, max_abs_diff, to_numpy
 from deploykit.flows.pt2e import io_quant, quantize_pt2e
+from deploykit.flows.vela import compile_with_report, parse_per_layer, parse_summary
 from deploykit.readers.npu import ETHOS_U_BACKEND, npu_firmware_definitions
+from deploykit.readers.op_coverage import model_line
 from deploykit.util.errors import ConfigError, EnvironmentProblem, ExportError
 
 if TYPE_CHECKING:
@@ -47,25 +49,6 @@ if TYPE_CHECKING:
     from deploykit.readers.sources import Workspace
 
 TOSA_REFERENCE_KIND = "tosa-reference-model"
-_VELA_SUMMARY_KEYS = {
-    "Accelerator configuration": "accelerator_config",
-    "System configuration": "system_config",
-    "Memory mode": "memory_mode",
-    "Total SRAM used": "sram_used_kib",
-    "Total DRAM used": "dram_used_kib",
-    "CPU operators": "cpu_operators",
-    "NPU operators": "npu_operators",
-    "Neural network macs": "network_macs",
-    "Accelerator clock": "clock_mhz",
-    # With --verbose-cycle-estimate: Vela's performance model of the command stream.
-    "NPU cycles": "npu_cycles",
-    "SRAM Access cycles": "sram_access_cycles",
-    "DRAM Access cycles": "dram_access_cycles",
-    "Total cycles": "total_cycles",
-    "Total   SRAM bandwidth": "sram_mb",
-    "Total   DRAM bandwidth": "dram_mb",
-    "Batch Inference time": "inference_ms",
-}
 
 
 class EthosUInt8(Flow):
@@ -134,7 +117,7 @@ class EthosUInt8(Flow):
             qep = torch.export.export(converted, inputs)
         with st.step("to_edge_transform_and_lower (EthosUPartitioner: TOSA -> Vela)",
                      "Vela or the TOSA lowering rejected the model; see the log."), \
-                _capture_vela() as vela_calls:
+                _capture_vela(spec.source_path) as vela_calls:
             edge = to_edge_transform_and_lower(
                 qep, partitioner=[EthosUPartitioner(compile_spec)],
                 compile_config=EdgeCompileConfig(_check_ir_validity=False))
@@ -257,50 +240,63 @@ def _op_name(target: Any) -> str:
     return name if len(parts) < 3 or parts[2] == "default" else f"{name}.{parts[2]}"
 
 
-def _parse_vela_summary(text: str) -> dict[str, Any]:
-    """The labelled figures of Vela's network summary. A label's first line wins: the per-batch
-    traffic comes before the same label's "per input" line."""
-    out: dict[str, Any] = {}
-    for line in text.splitlines():
-        for label, key in _VELA_SUMMARY_KEYS.items():
-            if line.startswith(label) and key not in out:
-                value = line[len(label):].strip().lstrip("=").strip()
-                number = value.split()[0] if value else ""
-                try:
-                    out[key] = float(number) if "." in number else int(number)
-                except ValueError:
-                    out[key] = value
-    return out
-
-
 @contextlib.contextmanager
-def _capture_vela() -> Iterator[list[dict[str, Any]]]:
+def _capture_vela(model_file: Path | None) -> Iterator[list[dict[str, Any]]]:
     """Record, for each Vela compilation of the Ethos-U backend, the TOSA flatbuffer it was
-    given, the binary it returned and what Vela printed: its network summary and, asked for
-    with --verbose-cycle-estimate (which changes nothing in the command stream), its cycle
-    estimate, the NPU figures a user sees before booking an FVP.
+    given, the binary it returned, what Vela printed (its network summary and, asked for with
+    --verbose-cycle-estimate, its cycle estimate) and its per-operator report
+    (--verbose-performance, flows/vela.py); neither flag changes the command stream.
 
     The backend calls `vela_compile` through its module's global name, which is swapped for a
-    recording wrapper for the duration (and always restored)."""
+    recording wrapper for the duration (and always restored). So is the TOSA lowering's
+    `process_call_function`, called for each node of a delegate's graph just before its Vela
+    compile, to note where each node comes from in the model: Vela names an operator by its
+    TOSA node."""
     from executorch.backends.arm.ethosu import backend as ethosu_backend
+    from executorch.backends.arm.tosa import backend as tosa_backend
 
     calls: list[dict[str, Any]] = []
+    origins: dict[str, str] = {}  # TOSA node name -> model line, of the delegate being lowered
     original = ethosu_backend.vela_compile
+    original_visit = tosa_backend.process_call_function
 
     def recording(tosa_flatbuffer: bytes, flags: list[str], *args: Any, **kwargs: Any) -> bytes:
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            binary = original(tosa_flatbuffer, [*flags, "--verbose-cycle-estimate"], *args,
-                              **kwargs)
-        calls.append({"tosa": bytes(tosa_flatbuffer), "binary": bytes(binary),
-                      "vela_output": printed.getvalue()})
+        binary, printed, per_layer = compile_with_report(original, tosa_flatbuffer, flags,
+                                                         *args, **kwargs)
+        calls.append({"tosa": bytes(tosa_flatbuffer), "binary": binary,
+                      "vela_output": printed,
+                      "layers": parse_per_layer(per_layer, dict(origins))})
+        origins.clear()
         return binary
 
+    def visiting(node: Any, *args: Any, **kwargs: Any) -> Any:
+        origin = _model_origin(node, model_file)
+        if origin:
+            origins[node.name] = origin
+        return original_visit(node, *args, **kwargs)
+
     ethosu_backend.vela_compile = recording
+    tosa_backend.process_call_function = visiting
     try:
         yield calls
     finally:
         ethosu_backend.vela_compile = original
+        tosa_backend.process_call_function = original_visit
+
+
+def _model_origin(node: Any, model_file: Path | None) -> str | None:
+    """Where a node of the backend's graph comes from: the module it was called in
+    (`features.0.0 (Conv2d)`) and the model file's line in its stack trace, those of them the
+    graph knows. Only the model file's frames are named: another frame would name this
+    machine's paths."""
+    modules = [m for m in (node.meta.get("nn_module_stack") or {}).values()
+               if isinstance(m, tuple) and m and m[0]]
+    module = (f"{modules[-1][0]} ({str(modules[-1][1]).rsplit('.', 1)[-1]})" if modules
+              else None)
+    line = model_line(node.meta.get("stack_trace") or "", model_file)
+    if not (line and model_file is not None and line.startswith(f"{model_file.name}:")):
+        line = None
+    return ", ".join(x for x in (module, line) if x) or None
 
 
 def _partition_report(ep: Any, vela_calls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
@@ -330,7 +326,8 @@ def _partition_report(ep: Any, vela_calls: list[dict[str, Any]]) -> tuple[list[d
             call = by_binary.get(bytes(lowered.processed_bytes))
             entry = {"index": len(delegates), "backend": lowered.backend_id, "ops": ops,
                      "num_ops": sum(ops.values()), "folded_quant_ops": folded,
-                     "vela": _parse_vela_summary(call["vela_output"]) if call else {}}
+                     "vela": parse_summary(call["vela_output"]) if call else {},
+                     "vela_layers": call["layers"] if call else []}
             delegates.append({**entry, "_tosa": call["tosa"] if call else None,
                               "_module": node.args[0].target})
             segments.append({"kind": "delegate", **entry})
