@@ -257,6 +257,7 @@ def test_chart_has_one_bar_per_operator():
 
 def test_report_text_labels_vela_estimates_and_the_ram_cost(tmp_path):
     from deploykit.profiling.stage import ProfileReport, RamCost
+    from deploykit.program.inspect import NpuEstimate
 
     profile = profile_from_records(
         _recorded("profile-mlp_mnist-cortex_m_int8-qemu-an505.bin"), MLP_INT8
@@ -271,15 +272,32 @@ def test_report_text_labels_vela_estimates_and_the_ram_cost(tmp_path):
         tmp_path,
         {},
         64839,
-        {0: "NPU (Vela estimate): 12.3 k cycles"},
+        {0: NpuEstimate.from_vela(
+            {"total_cycles": 12300, "npu_cycles": 9000, "network_macs": 600000,
+             "clock_mhz": 1000.0},
+            "ethos-u85-256",
+            [{"op": "Conv2D", "name": "tosa_rescale_default", "model_line": "conv1 (Conv2d)",
+              "cycles": 9000, "npu_cycles": 9000, "sram_cycles": 10, "dram_cycles": 20,
+              "macs": 500000, "mac_utilisation": 0.217, "bound": "compute"},
+             {"op": "AvgPool", "name": "tosa_avg_pool2d_default", "model_line": None,
+              "cycles": 3300, "npu_cycles": 100, "sram_cycles": 10, "dram_cycles": 3300,
+              "macs": 100000, "mac_utilisation": 0.118, "bound": "DRAM"}])},
     )
     text = report.text()
-    assert "delegate 0: NPU (Vela estimate): 12.3 k cycles (not measured)" in text
+    assert "delegate 0: NPU (Vela estimate): 12.3 k cycles (9 k compute)" in text
+    # Under the delegate's row: each NPU operator, labelled as Vela's estimate.
+    assert ("    Vela estimate: Conv2D tosa_rescale_default: 9 k cycles (73%, 9.0 us), 500 k "
+            "MACs, 22% util, compute-bound <- conv1 (Conv2d)") in text
+    assert "    Vela estimate: AvgPool tosa_avg_pool2d_default: 3.3 k cycles (27%" in text
+    assert "DRAM-bound" in text
     assert "RAM profiling adds: 172 B (60 B static, 112 B stack peak)" in text
     # Shares are of execute(): the operators' cumulative share stops short of 100%.
     last_op = next(line for line in text.splitlines() if line.startswith("cortex_m::deq"))
     assert last_op.endswith("99.6%")
-    assert report.json()["npu_estimates"] == {"0": "NPU (Vela estimate): 12.3 k cycles"}
+    assert report.json()["npu_estimates"]["0"].startswith("NPU (Vela estimate): 12.3 k cycles")
+    layers = report.json()["npu_layers"]["0"]
+    assert [(x["op"], x["cycles"], x["source"]) for x in layers] == [
+        ("Conv2D", 9000, "Vela estimate"), ("AvgPool", 3300, "Vela estimate")]
 
 
 def test_a_board_without_an_event_clock_is_a_clear_error():

@@ -214,6 +214,10 @@ def program_json(info: ProgramInfo) -> dict:
     return out
 
 
+# The NPU operators `inspect` lists per delegate, the most cycles first.
+TOP_NPU_LAYERS = 5
+
+
 def _describe_segment(n: int, seg, info: ProgramInfo) -> list[str]:
     if seg.kind == "cpu":
         return [f"    {n}. cpu       {', '.join(seg.ops)}"]
@@ -230,7 +234,14 @@ def _describe_segment(n: int, seg, info: ProgramInfo) -> list[str]:
     else:
         lines.append("         ops: unknown (the Vela stream holds no op names)")
     if d.vela_estimate is not None:
-        lines.append(f"         {d.vela_estimate.describe()}")
+        estimate = d.vela_estimate
+        lines.append(f"         {estimate.describe()}")
+        top = estimate.top_layers(TOP_NPU_LAYERS)
+        if top:
+            lines.append(f"         top {len(top)} of {len(estimate.layers)} NPU operators "
+                         "(Vela estimate; --json has all):")
+            lines += [f"           {layer.describe(estimate.total_cycles, estimate.clock_mhz)}"
+                      for layer in top]
     return lines
 
 

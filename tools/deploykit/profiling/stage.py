@@ -30,6 +30,7 @@ from deploykit.profiling.intermediates import (
     compare_intermediates,
 )
 from deploykit.program.costs import Island
+from deploykit.program.inspect import NpuEstimate
 from deploykit.readers.boards import Board
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ from deploykit.readers.trace import (
 )
 from deploykit.util.errors import ConfigError, DeployKitError, ExitCode
 from deploykit.util.fsutil import write_atomic
+from deploykit.util.jsonable import to_jsonable
 
 PROFILE_DIR = "firmware-profile"
 
@@ -139,8 +141,9 @@ class ProfileReport:
     plain_ticks: int | None  # the plain firmware's execute() ticks, for comparison
     # Ethos-U delegates: each call is one event (a DELEGATE_CALL row); the NPU's own cycles
     # come from the NPU firmware's records once an FVP runs it. Until then: Vela's estimate,
-    # labelled as such. delegate index -> NpuEstimate.describe().
-    npu_estimates: dict[int, str] = field(default_factory=dict)
+    # labelled as such, with Vela's per-operator split under it (also once the delegate's time
+    # is measured: the split stays Vela's). delegate index -> Vela's estimate.
+    npu_estimates: dict[int, NpuEstimate] = field(default_factory=dict)
     # The program's CPU fallbacks and float islands (inspect's list), with their time.
     islands: list[IslandTime] = field(default_factory=list)
 
@@ -179,9 +182,14 @@ class ProfileReport:
             f"{100 * island.ticks / (p.total_ticks or 1):.1f}% of execute()"
             for island in self.islands
         ]
-        lines += [
-            f"delegate {i}: {text} (not measured)" for i, text in sorted(self.npu_estimates.items())
-        ]
+        for i, estimate in sorted(self.npu_estimates.items()):
+            lines.append(f"delegate {i}: {estimate.describe()} (not measured)")
+            if estimate.layers:
+                lines.append(f"  its {len(estimate.layers)} NPU operators, Vela estimate (the "
+                             "per-operator split is Vela's, not measured):")
+            cycles, clock = estimate.total_cycles, estimate.clock_mhz
+            lines += [f"    Vela estimate: {layer.describe(cycles, clock)}"
+                      for layer in estimate.layers]
         lines += [f"{k}: {v}" for k, v in self.files.items()]
         return "\n".join(lines)
 
@@ -232,7 +240,10 @@ class ProfileReport:
                 }
                 for i in p.instructions
             ],
-            "npu_estimates": {str(i): text for i, text in self.npu_estimates.items()},
+            "npu_estimates": {str(i): e.describe() for i, e in self.npu_estimates.items()},
+            "npu_layers": {str(i): [{**to_jsonable(layer), "source": "Vela estimate"}
+                                    for layer in e.layers]
+                           for i, e in self.npu_estimates.items()},
             "islands": [
                 {
                     "island": i.description,
@@ -345,7 +356,7 @@ def profile_model(
         files,
         plain_timing.ticks if plain_timing else None,
         {
-            d.index: d.vela_estimate.describe()
+            d.index: d.vela_estimate
             for d in traced.planned.program.delegates
             if d.vela_estimate is not None
         },

@@ -72,6 +72,40 @@ class VelaStream:
 
 
 @dataclass(frozen=True)
+class NpuLayer:
+    """Vela's estimate of one NPU operator of a delegate (its per-layer report)."""
+
+    op: str  # as Vela reports it: Conv2D, DepthwiseConv2D, AvgPool, ...
+    name: str  # Vela's name of it: the TOSA node it computes
+    model_origin: str | None  # the module and model line it comes from, where the export knows
+    cycles: int  # the operator's estimate: the longest of the array's and each memory's cycles
+    npu_cycles: int
+    sram_cycles: int
+    dram_cycles: int
+    macs: int
+    mac_utilisation: float
+    bound: str  # "compute", or the memory whose traffic takes longest ("SRAM", "DRAM", ...)
+
+    @classmethod
+    def from_report(cls, row: dict[str, Any]) -> NpuLayer:
+        return cls(op=str(row.get("op", "")), name=str(row.get("name", "")),
+                   model_origin=row.get("model_line"), cycles=int(row.get("cycles", 0)),
+                   npu_cycles=int(row.get("npu_cycles", 0)),
+                   sram_cycles=int(row.get("sram_cycles", 0)),
+                   dram_cycles=int(row.get("dram_cycles", 0)), macs=int(row.get("macs", 0)),
+                   mac_utilisation=float(row.get("mac_utilisation", 0.0)),
+                   bound=str(row.get("bound", "")))
+
+    def describe(self, total_cycles: int, clock_mhz: float) -> str:
+        share = self.cycles / total_cycles if total_cycles else 0.0
+        time = f", {self.cycles / clock_mhz:,.1f} us" if clock_mhz else ""
+        where = f" <- {self.model_origin}" if self.model_origin else ""
+        return (f"{self.op} {self.name}: {_count(self.cycles)} cycles ({share:.0%}{time}), "
+                f"{_count(self.macs)} MACs, {self.mac_utilisation:.0%} util, "
+                f"{self.bound}-bound{where}")
+
+
+@dataclass(frozen=True)
 class NpuEstimate:
     """Vela's estimate of one Ethos-U delegate, made when it compiled it (export.json's
     partition report): a performance model, not a measurement."""
@@ -83,6 +117,9 @@ class NpuEstimate:
     sram_mb: float  # traffic per inference
     dram_mb: float
     clock_mhz: float
+    # Vela's per-operator report, in command-stream order (empty for an export made before
+    # deploykit asked for it).
+    layers: tuple[NpuLayer, ...] = ()
 
     @property
     def mac_utilisation(self) -> float:
@@ -90,10 +127,19 @@ class NpuEstimate:
         peak = self.total_cycles * self.npu_macs_per_cycle
         return self.macs / peak if peak else 0.0
 
+    def top_layers(self, n: int) -> list[NpuLayer]:
+        """The `n` operators with the most cycles, most first."""
+        return sorted(self.layers, key=lambda layer: -layer.cycles)[:n]
+
+    @property
+    def layer_cycles(self) -> int:
+        return sum(layer.cycles for layer in self.layers)
+
     @classmethod
-    def from_vela(cls, vela: dict[str, Any], target: str | None) -> NpuEstimate | None:
-        """From the export report's Vela summary; None when it holds no cycle estimate (an
-        export made before deploykit asked Vela for one)."""
+    def from_vela(cls, vela: dict[str, Any], target: str | None,
+                  layers: list[dict[str, Any]] | None = None) -> NpuEstimate | None:
+        """From the export report's Vela summary and per-layer report; None when it holds no
+        cycle estimate (an export made before deploykit asked Vela for one)."""
         def number(key: str) -> float:
             value = vela.get(key)
             return float(value) if isinstance(value, (int, float)) else 0.0
@@ -105,7 +151,8 @@ class NpuEstimate:
                    macs=int(number("network_macs")),
                    npu_macs_per_cycle=int(macs_per_cycle) if macs_per_cycle.isdigit() else 0,
                    sram_mb=number("sram_mb"), dram_mb=number("dram_mb"),
-                   clock_mhz=number("clock_mhz"))
+                   clock_mhz=number("clock_mhz"),
+                   layers=tuple(NpuLayer.from_report(r) for r in layers or ()))
 
     def describe(self) -> str:
         time = (f", {self.total_cycles / self.clock_mhz:,.1f} us at {self.clock_mhz:g} MHz"
@@ -315,7 +362,8 @@ def _delegate_info(program: Any, index: int, delegate: Any,
         target=target,
         system_config=flags.get("--system-config"), memory_mode=flags.get("--memory-mode"),
         vela=vela, ops=dict(entry["ops"]) if entry else None,
-        vela_estimate=NpuEstimate.from_vela(entry.get("vela", {}), target) if entry else None)
+        vela_estimate=NpuEstimate.from_vela(entry.get("vela", {}), target,
+                                            entry.get("vela_layers")) if entry else None)
 
 
 def iter_vela_blocks(blob: bytes):
