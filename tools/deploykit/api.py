@@ -70,7 +70,8 @@ def describe_board(board: Board) -> str:
     if npu is not None:
         lines.append(f"  npu {npu.target} at 0x{npu.base:08X} irq {npu.irq}, Vela "
                      f"{npu.system_config} / {npu.memory_mode} (modes: "
-                     f"{', '.join(npu.memory_modes)}), AXI0 {npu.sram_region}, AXI1 "
+                     f"{', '.join(npu.memory_modes)}; system configs: "
+                     f"{', '.join(npu.system_configs)}), AXI0 {npu.sram_region}, AXI1 "
                      f"{npu.ext_region}")
     if board.cpu.get("note"):
         lines.append(f"  note: {board.cpu['note']}")
@@ -801,3 +802,42 @@ def matrix(boards: list[str] | None = None, models: list[str] | None = None,
     rows = run_matrix(combos, out, workspace, jobs, progress)
     write_outputs(rows, out)
     return rows
+
+
+def npu_sweep(board: str | None = None, model: str | None = None, *,
+              macs: Sequence[int] | None = None, memory_modes: Sequence[str] | None = None,
+              system_configs: Sequence[str] | None = None, jobs: int = 1,
+              latency_target_ms: float | None = None, out: Path | None = None,
+              progress: Progress = _quiet, project: ProjectChoice = None):
+    """Vela's estimate of `model` at every Ethos-U configuration the board could have: each MAC
+    count of its NPU family x each memory mode x each system configuration its board file
+    lists (`macs`, `memory_modes`, `system_configs` narrow them), `jobs` Vela compiles at
+    once, each point checked against the board's memory (the plan). The model is exported
+    once (the ethos_u_int8 flow, through the export cache in `out`, default
+    build/<board>/<model>); the table goes to <out>/npu-sweep/sweep.{json,md,svg}. Returns the
+    pipeline.npu_sweep.SweepResult: the rows, the Pareto front, the chosen point (the fastest
+    that fits, or with `latency_target_ms` the one meeting it with the least SRAM) and the
+    command that builds it."""
+    from deploykit.pipeline.chains import export_stage
+    from deploykit.pipeline.npu_sweep import run_sweep, sweep_points, write_outputs
+
+    if jobs < 1:
+        raise ConfigError(f"-j {jobs}: the number of workers must be at least 1.",
+                          "Give -j 1 or more (each worker is one process).")
+    if latency_target_ms is not None and latency_target_ms <= 0:
+        raise ConfigError(f"--latency-target {latency_target_ms:g} ms is not a latency.",
+                          "Give the time one inference may take, in milliseconds, above 0.")
+    cmd = command(board, model, project=project, flow="ethos_u_int8")
+    npu = cmd.target.board.npu
+    if npu is None:
+        raise ConfigError(f"Board {cmd.target.board.name} has no NPU to sweep.",
+                          "Use a board with an `npu:` section (corstone-300, corstone-320).")
+    points = sweep_points(npu, list(macs or []), list(memory_modes or []),
+                          list(system_configs or []))
+    out = cmd.out(out)
+    with out_lock(out):
+        exported = export_stage(cmd.target, cmd.model, out, progress)
+        result = run_sweep(cmd.target.board, str(cmd.model), exported.pte_path, points, jobs,
+                           latency_target_ms, progress)
+        result.files = write_outputs(result, out / "npu-sweep")
+    return result

@@ -405,6 +405,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="worker processes (default 1); on 2 cores use -j 2 at most")
     p.add_argument("--out", type=Path, help="output directory (default build/matrix)")
 
+    p = sub.add_parser("npu-sweep", help="Vela's estimate of a model over the Ethos-U "
+                       "configurations (MACs x memory mode x system config); Pareto front",
+                       description="Export the model once (ethos_u_int8, cached) and compile "
+                       "its NPU delegates with Vela for each MAC configuration of the board's "
+                       "NPU family x each memory mode x each system configuration of the board "
+                       "file: estimated latency at the NPU clock, cycles, MAC utilisation, SRAM "
+                       "and DRAM traffic per inference, arena and fast scratch, and whether the "
+                       "memory plan fits the board. Prints the table with the Pareto front "
+                       "(latency against SRAM) and the build command of the chosen point; "
+                       "writes <out>/npu-sweep/sweep.json, sweep.md and sweep.svg. Exits 0 "
+                       "when a point is chosen, 6 (memory) when none fits, 1 when none that "
+                       "fits meets --latency-target. docs/npu.md.")
+    p.add_argument("--board", help="board with an `npu:` section (default: the project "
+                   "file's `board`)")
+    p.add_argument("--model", help="model name or Python file (default: the project file's)")
+    p.add_argument("--macs", type=int, nargs="+", metavar="N",
+                   help="only these MAC configurations (default: all of the NPU family)")
+    p.add_argument("--memory-modes", nargs="+", metavar="MODE",
+                   help="only these of the board's npu.vela.memory_modes (default: all)")
+    p.add_argument("--system-configs", nargs="+", metavar="NAME",
+                   help="only these of the board's npu.vela.system_configs (default: all)")
+    p.add_argument("--latency-target", type=float, metavar="MS",
+                   help="choose the fitting point that meets this latency with the least "
+                   "SRAM (default: choose the fastest fitting point)")
+    p.add_argument("-j", "--jobs", type=int, default=1,
+                   help="Vela compiles at once, one process each (default 1)")
+    p.add_argument("--out", type=Path, help="output directory of the export (default "
+                   "build/<board>/<model>); the sweep goes to <out>/npu-sweep")
+
     p = sub.add_parser("selftest", help="build and run the board-support self-test firmware "
                        "(no ExecuTorch needed)",
                        description="Build and run the board-support self-test firmware: "
@@ -624,6 +653,21 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
                           args.workspace, args.jobs, progress=out.progress)
         out.result(rows, table(rows))
         return 0 if all(r.result in ("PASS", "BUILT") for r in rows) else 1
+    if cmd == "npu-sweep":
+        from deploykit.pipeline.npu_sweep import table as sweep_table
+        from deploykit.pipeline.npu_sweep import to_json as sweep_json
+
+        result = api.npu_sweep(args.board, args.model, macs=args.macs,
+                               memory_modes=args.memory_modes,
+                               system_configs=args.system_configs, jobs=args.jobs,
+                               latency_target_ms=args.latency_target, out=args.out,
+                               progress=out.progress, project=project)
+        files = "\n".join(f"{k}: {v}" for k, v in result.files.items())
+        out.result(sweep_json(result), f"{sweep_table(result)}\n{files}")
+        if result.chosen is not None:
+            return 0
+        # None fits (the memory class), or the latency target is met by none that fits.
+        return 1 if any(r.result == "fits" for r in result.rows) else int(ExitCode.MEMORY)
     if cmd == "library":
         component = api.library(args.board, args.models, args.out, flow=args.flow,
                                 workspace=args.workspace, progress=out.progress,

@@ -81,6 +81,9 @@ class NpuConfig:
     ns_base: int | None = None  # the non-secure alias of `base`
     secure_enable: bool | None = None  # ethosu_init's; None: the firmware's security state
     privilege_enable: bool = True
+    # Vela system configurations (vela.ini: NPU clock, the memories' speeds) that describe
+    # this board; `system_config` first. `deploykit npu-sweep` compares them.
+    system_configs: tuple[str, ...] = ()
 
     @property
     def target(self) -> str:
@@ -120,6 +123,8 @@ def npu_config(board: Any) -> NpuConfig | None:
         modes = (mode, *modes)
     for m in modes:
         check_memory_mode(npu_type, m, where=f"board {_name(board)}: npu.vela")
+    system_config = vela["system_config"]
+    system_configs = tuple(dict.fromkeys((system_config, *(vela.get("system_configs") or ()))))
     memory = board.get("memory") if isinstance(board, dict) else getattr(board, "raw", {}).get(
         "memory")
     names = {r["name"] for r in memory or []}
@@ -129,7 +134,8 @@ def npu_config(board: Any) -> NpuConfig | None:
                               f"'{raw['axi'][port]}', which is not in memory.",
                               f"Regions: {', '.join(sorted(names))}.")
     return NpuConfig(type=npu_type, macs=macs, base=int(raw["base"]), irq=int(raw["irq"]),
-                     system_config=vela["system_config"], memory_mode=mode, memory_modes=modes,
+                     system_config=system_config, memory_mode=mode, memory_modes=modes,
+                     system_configs=system_configs,
                      sram_region=raw["axi"]["sram"], ext_region=raw["axi"]["ext"],
                      ns_base=int(raw["ns_base"]) if "ns_base" in raw else None,
                      secure_enable=raw.get("secure_enable"),
