@@ -170,15 +170,17 @@ def run_vela(tosa: bytes, target: str, system_config: str, memory_mode: str,
              model_lines: dict[str, str] | None = None) -> VelaRun:
     """Compile `tosa` with Vela as the Ethos-U backend does, with its estimates. A
     configuration Vela's vela.ini does not know is a ConfigError naming it."""
+    from ethosu.vela.errors import CliOptionError, ConfigOptionError
     from executorch.backends.arm.arm_vela import vela_compile
 
     flags = compiler_flags(target, system_config, memory_mode)
     start = time.monotonic()
     try:
         binary, printed, per_layer = compile_with_report(vela_compile, tosa, flags)
-    except SystemExit as exc:  # Vela's argument parser exits on an unknown option value
-        raise ConfigError(f"Vela refused {target}, {system_config}, {memory_mode} "
-                          f"(exit {exc.code}).",
+    except (CliOptionError, ConfigOptionError, SystemExit) as exc:
+        # An option value Vela's vela.ini does not know (its argument parser may also exit).
+        raise ConfigError(f"Vela refused {target}, {system_config}, {memory_mode}: "
+                          f"{str(exc).strip()[:300]}",
                           "Use a system configuration and memory mode of Vela's Arm/vela.ini "
                           "(the board file's npu.vela lists them).") from exc
     except Exception as exc:

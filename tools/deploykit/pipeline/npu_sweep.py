@@ -405,14 +405,21 @@ def chart(result: SweepResult) -> charts.Chart:
                        + ("" if r.result == "fits" else f" ({r.result})"))
                  for r in rows)
     capacity = next((r.sram_capacity for r in rows if r.sram_capacity), None)
+    region = next((r.sram_region for r in rows if r.sram_region), "")
+    most = max((r.sram_needed or 0 for r in rows), default=0)
+    # The region's size as a line only where it is in reach of the bars (a 4 MiB line beside
+    # 20 KiB bars would squash them); the panel's title says it anyway.
+    goal = capacity if capacity and most * 4 >= capacity else None
     return charts.Chart(
         f"deploykit npu-sweep: {result.model} on {result.board} (Vela estimate)",
         (charts.Panel("estimated latency per inference (lower is better)",
                       "milliseconds at the system configuration's NPU clock", latency,
                       marked="Pareto front", goal=result.latency_target_ms,
                       goal_label="latency target", integers=False, empty="no point"),
-         charts.Panel("SRAM the plan needs behind the NPU's AXI0 port", "bytes", sram,
-                      marked="Pareto front", goal=capacity, goal_label="SRAM region size",
+         charts.Panel("SRAM the plan needs behind the NPU's AXI0 port"
+                      + (f" (region {region}: {_kib(capacity)} KiB)" if capacity else ""),
+                      "bytes", sram, marked="Pareto front", goal=goal,
+                      goal_label="SRAM region size",
                       empty="no point")),
         tuple(_choice_lines(result)))
 
