@@ -35,6 +35,7 @@ from deploykit.readers.protocol import decode
 from deploykit.readers.trace import Instruction, kernel_of, profile_from_records
 from deploykit.util import charts
 from tests import chromium
+from tests.unit.test_npu_sweep import sweep_chart
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data"
@@ -142,6 +143,7 @@ KINDS = {
     "footprint": footprint_with_long_names,
     "matrix": lambda: matrix_chart(matrix_rows()),
     "bench": bench_chart,
+    "npu-sweep": sweep_chart,  # Pareto points hatched, a latency target line
     "empty": lambda: matrix_chart([]),  # a matrix whose filter ran nothing: says so
     "confusion": confusion,
 }
