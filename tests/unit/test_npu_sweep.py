@@ -1,6 +1,6 @@
 """`deploykit npu-sweep` without Vela: its points, the Pareto front, the choice, its outputs,
 Vela's per-layer report as read, and bad settings at the command line. The sweep with Vela
-running is tests/integration/test_npu_sweep.py."""
+running is tests/integration/test_npu_estimates.py."""
 
 from __future__ import annotations
 
@@ -59,8 +59,10 @@ def test_vela_summary_labels_are_read_first_line_first():
     text = ("Total SRAM bandwidth\nTotal   SRAM bandwidth                           0.25 MB/batch\n"
             "Total   SRAM bandwidth            per input      0.99 MB/inference\n"
             "Total cycles                                     1234 cycles/batch\n"
-            "Accelerator clock                                1000 MHz\n")
-    assert parse_summary(text) == {"sram_mb": 0.25, "total_cycles": 1234, "clock_mhz": 1000}
+            "Accelerator clock                                1000 MHz\n"
+            "Total   Off-chip Flash bandwidth                 0.03 MB/batch\n")
+    assert parse_summary(text) == {"sram_mb": 0.25, "total_cycles": 1234, "clock_mhz": 1000,
+                                   "off_chip_flash_mb": 0.03}
 
 
 def test_the_board_files_list_their_system_configs_and_the_seeds_default():

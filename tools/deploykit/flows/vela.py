@@ -45,6 +45,9 @@ SUMMARY_KEYS = {
     "Total cycles": "total_cycles",
     "Total   SRAM bandwidth": "sram_mb",
     "Total   DRAM bandwidth": "dram_mb",
+    # Systems with flash behind AXI1 (the U55's Embedded ones): the weights' traffic is here.
+    "Total   Off-chip Flash bandwidth": "off_chip_flash_mb",
+    "Total   On-chip Flash bandwidth": "on_chip_flash_mb",
     "Batch Inference time": "inference_ms",
 }
 

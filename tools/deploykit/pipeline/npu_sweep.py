@@ -72,6 +72,7 @@ class SweepRow:
     mac_utilisation: float | None = None
     sram_mb: float | None = None  # traffic per inference
     dram_mb: float | None = None
+    flash_mb: float | None = None  # on- and off-chip flash (a system with flash on AXI1)
     arena: int | None = None  # Vela scratch (tensor arena): the largest delegate's, bytes
     fast_scratch: int | None = None  # the memory mode's SRAM cache of the arena, bytes
     sram_needed: int | None = None  # bytes the plan puts in the SRAM region behind AXI0
@@ -211,6 +212,8 @@ def evaluate(board: Board, info: ProgramInfo, point: SweepPoint,
     row.mac_utilisation = row.network_macs / (row.cycles * point.macs) if row.cycles else 0.0
     row.sram_mb = round(sum(float(s.get("sram_mb", 0)) for s in summaries), 4)
     row.dram_mb = round(sum(float(s.get("dram_mb", 0)) for s in summaries), 4)
+    row.flash_mb = round(sum(float(s.get("off_chip_flash_mb", 0))
+                             + float(s.get("on_chip_flash_mb", 0)) for s in summaries), 4)
     row.arena = max(c["scratch_size"] for c in compiled)
     row.fast_scratch = memory_mode_layout(point.memory_mode).fast_scratch
     point_board = with_npu_overrides(board, point.macs, point.memory_mode)
@@ -323,8 +326,8 @@ def run_sweep(board: Board, model: str, pte: Path, points: list[SweepPoint], job
 # ---- output ----------------------------------------------------------------------------------
 
 COLUMNS = ("target", "memory mode", "system config", "result", "latency ms", "MHz", "cycles",
-           "MAC util", "SRAM MB/inf", "DRAM MB/inf", "arena KiB", "fast KiB", "SRAM need KiB",
-           "Pareto", "Vela s")
+           "MAC util", "SRAM MB/inf", "DRAM MB/inf", "flash MB/inf", "arena KiB", "fast KiB",
+           "SRAM need KiB", "Pareto", "Vela s")
 
 
 def _kib(n: int | None) -> str:
@@ -338,7 +341,8 @@ def _cells(r: SweepRow) -> list[str]:
     return [r.target, r.memory_mode, r.system_config, r.result,
             num(r.latency_ms, ".3f"), num(r.clock_mhz, ".0f"), num(r.cycles, ","),
             f"{r.mac_utilisation:.0%}" if r.mac_utilisation is not None else "-",
-            num(r.sram_mb, ".3f"), num(r.dram_mb, ".3f"), _kib(r.arena),
+            num(r.sram_mb, ".3f"), num(r.dram_mb, ".3f"), num(r.flash_mb, ".3f"),
+            _kib(r.arena),
             _kib(r.fast_scratch) if r.fast_scratch else "-",
             _kib(r.sram_needed) + (f" / {_kib(r.sram_capacity)}" if r.sram_capacity else ""),
             ("*" if r.pareto else "") + (" chosen" if r.chosen else ""),

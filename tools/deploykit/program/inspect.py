@@ -117,6 +117,7 @@ class NpuEstimate:
     sram_mb: float  # traffic per inference
     dram_mb: float
     clock_mhz: float
+    flash_mb: float = 0.0  # on- and off-chip flash, for systems with flash behind AXI1
     # Vela's per-operator report, in command-stream order (empty for an export made before
     # deploykit asked for it).
     layers: tuple[NpuLayer, ...] = ()
@@ -152,6 +153,7 @@ class NpuEstimate:
                    npu_macs_per_cycle=int(macs_per_cycle) if macs_per_cycle.isdigit() else 0,
                    sram_mb=number("sram_mb"), dram_mb=number("dram_mb"),
                    clock_mhz=number("clock_mhz"),
+                   flash_mb=number("off_chip_flash_mb") + number("on_chip_flash_mb"),
                    layers=tuple(NpuLayer.from_report(r) for r in layers or ()))
 
     def describe(self) -> str:
@@ -160,7 +162,9 @@ class NpuEstimate:
         return (f"NPU (Vela estimate): {_count(self.total_cycles)} cycles "
                 f"({_count(self.npu_cycles)} compute), {_count(self.macs)} MACs, "
                 f"{self.mac_utilisation:.0%} MAC utilisation, SRAM {self.sram_mb:.2f} MB, "
-                f"DRAM {self.dram_mb:.2f} MB per inference{time}")
+                f"DRAM {self.dram_mb:.2f} MB"
+                + (f", flash {self.flash_mb:.2f} MB" if self.flash_mb else "")
+                + f" per inference{time}")
 
 
 def _count(n: int) -> str:

@@ -146,6 +146,21 @@ def test_bad_sweep_settings_are_clear_errors():
         api.npu_sweep("corstone-320", "ds_cnn", jobs=0, project=False)
 
 
+def test_corstone_300_sweeps_its_u55_with_the_weights_read_from_flash(tmp_path):
+    # Its system configurations put flash behind AXI1: Shared_Sram reads the weights there.
+    result = api.npu_sweep("corstone-300", "ds_cnn", macs=[128], out=tmp_path, project=False)
+    assert [(r.memory_mode, r.system_config) for r in result.rows] == [
+        ("Shared_Sram", "Ethos_U55_High_End_Embedded"), ("Shared_Sram", "Ethos_U55_Deep_Embedded"),
+        ("Sram_Only", "Ethos_U55_High_End_Embedded"), ("Sram_Only", "Ethos_U55_Deep_Embedded")]
+    assert all(r.result == "fits" for r in result.rows)
+    shared = [r for r in result.rows if r.memory_mode == "Shared_Sram"]
+    assert all(r.flash_mb > 0 and r.dram_mb == 0 for r in shared)
+    # The 200 MHz Deep_Embedded system is slower than the 500 MHz High_End one.
+    assert shared[1].clock_mhz == 200 and shared[0].clock_mhz == 500
+    assert shared[1].latency_ms > shared[0].latency_ms
+    _check_layers_add_up(inspect_pte(tmp_path / "export" / "model.pte"), "ds_cnn.py")
+
+
 @pytest.fixture(scope="module")
 def mobilenet_v2_info(tmp_path_factory) -> ProgramInfo:
     out = tmp_path_factory.mktemp("mobilenet_v2-corstone-320")
