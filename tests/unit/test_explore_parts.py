@@ -204,3 +204,21 @@ def test_a_path_with_a_comma_is_refused_before_any_work(tools, tmp_path, capsys)
     assert main(["explore", "--no-browser", str(odd / "model.pte")]) == int(ExitCode.CONFIG)
     assert "its path has a comma" in capsys.readouterr().err
     assert not tools.exists()
+
+
+def test_vela_estimates_land_on_the_tosa_nodes_that_output_their_names(tmp_path):
+    # The TOSA adapter's (graph, node id) -> first output name, and Vela's operators by name.
+    names = {("main", "main/op25"): "tosa_depthwise_conv2d_default",
+             ("main", "main/op30"): "tosa_rescale_default",
+             ("main", "main/op46"): "tosa_rescale_default_2"}
+    layers = [("tosa_rescale_default", 300), ("tosa_rescale_default_2", 100),
+              ("tosa_avg_pool2d_default", 100)]  # no node outputs this one here
+    cycles, share = explore.vela_estimate_values(names, layers)
+    assert cycles == {("main", "main/op30"): 300.0, ("main", "main/op46"): 100.0}
+    # Shares are of the whole delegate, the operator without a node included.
+    assert share == {("main", "main/op30"): 60.0, ("main", "main/op46"): 20.0}
+    path = explore.node_data_file(tmp_path / "v.json", "NPU cycles (Vela estimate)", cycles,
+                                  explore.HEAT_GRADIENT)
+    data = json.loads(path.read_text())["main"]
+    assert data["results"] == {"main/op30": {"value": 300.0}, "main/op46": {"value": 100.0}}
+    assert explore.vela_estimate_values(names, []) == ({}, {})

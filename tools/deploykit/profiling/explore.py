@@ -9,6 +9,8 @@ process, bound to 127.0.0.1, and prints its URL (and opens it in the browser unl
   delegate calls) with each delegate as its own subgraph.
 - `--tosa`: the TOSA flatbuffer of each Ethos-U delegate, kept by the ethos_u_int8 export as
   `delegate_<i>.tosa` beside the `.pte`, through the TOSA adapter: the graph Vela compiled.
+  Its NPU operators carry Vela's per-operator estimate (export.json), cycles and share of the
+  delegate, on the TOSA node whose output Vela names the operator by (the adapter's own ids).
 - Node data: deploykit overlays the segment of each instruction (NPU delegate or CPU) as a
   Model Explorer node data file keyed by the adapter's own node ids (read from the adapter's
   conversion, not guessed). `--profile` (a `deploykit profile` profile.json) overlays each
@@ -109,6 +111,55 @@ def tosa_files(pte: Path) -> list[Path]:
             ".pte; a CPU-only .pte has no TOSA graph.",
         )
     return files
+
+
+def tosa_output_names(env: ToolEnv, tosa: Path) -> dict[tuple[str, str], str]:
+    """(graph, node id) -> the name of the node's first output, as the TOSA adapter converts
+    `tosa` in the tool environment. Vela names an NPU operator by that tensor."""
+    script = (
+        "import json, sys\n"
+        f"from {TOSA_ADAPTER}.main import TosaFlatbufferAdapter\n"
+        "out = []\n"
+        "for g in TosaFlatbufferAdapter().convert(sys.argv[1], {})['graphs']:\n"
+        "    for n in g.nodes:\n"
+        "        meta = list(getattr(n, 'outputsMetadata', None) or [])\n"
+        "        a = {x.key: x.value for x in meta[0].attrs} if meta else {}\n"
+        "        out.append([g.id, n.id, a.get('name', '')])\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run(
+        [str(env.python), "-c", script, str(tosa)], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EnvironmentProblem(
+            f"The TOSA adapter could not read {tosa}: {last}",
+            "Export the model again (deploykit export): the file may be cut short.",
+        )
+    return {(g, i): name for g, i, name in json.loads(proc.stdout.strip().splitlines()[-1])
+            if name}
+
+
+def vela_estimate_values(names: Mapping[tuple[str, str], str],
+                         layers: Iterable[tuple[str, int]]
+                         ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+    """Vela's (operator name, cycles) of one delegate on the TOSA nodes that output those
+    names: (graph, node id) -> cycles, and -> share of the delegate's cycles in percent. An
+    operator whose name no node outputs gets no value."""
+    cycles_of = dict(layers)
+    total = sum(cycles_of.values())
+    cycles = {key: float(cycles_of[name]) for key, name in names.items() if name in cycles_of}
+    share = {key: 100.0 * value / total for key, value in cycles.items()} if total else {}
+    return cycles, share
+
+
+def _vela_layers(pte: Path) -> dict[int, list[tuple[str, int]]]:
+    """Delegate index -> Vela's (operator name, cycles), from the export report beside `pte`."""
+    from deploykit.program.inspect import inspect_pte
+
+    return {d.index: [(layer.name, layer.cycles) for layer in d.vela_estimate.layers]
+            for d in inspect_pte(pte).delegates
+            if d.vela_estimate is not None and d.vela_estimate.layers}
 
 
 def adapter_nodes(env: ToolEnv, pte: Path) -> list[AdapterNode]:
@@ -422,6 +473,8 @@ def explore(
                         )
                     )
             overlays[:0] = facts
+        else:
+            overlays[:0] = _vela_overlays(env, pte, models, Path(tmp), say)
         return _serve(
             env,
             port,
@@ -431,6 +484,31 @@ def explore(
             say,
             on_ready,
         )
+
+
+def _vela_overlays(env: ToolEnv, pte: Path, models: list[Path], tmp: Path,
+                   say: Progress) -> list[Path]:
+    """Node data files of Vela's per-operator estimate on each delegate's TOSA graph: its
+    cycles and its share of the delegate, one pair per delegate (each graph is `main`)."""
+    layers = _vela_layers(pte)
+    files = []
+    for model in models:
+        index = int(re.sub(r"\D", "", model.stem) or 0)
+        if index not in layers:
+            continue
+        say(f"overlaying Vela's per-operator estimate on {model.name}")
+        cycles, share = vela_estimate_values(tosa_output_names(env, model), layers[index])
+        if not cycles:
+            continue
+        files += [
+            node_data_file(tmp / f"vela-{index}-cycles.json",
+                           f"delegate {index}: NPU cycles (Vela estimate)", cycles,
+                           HEAT_GRADIENT),
+            node_data_file(tmp / f"vela-{index}-share.json",
+                           f"delegate {index}: % of the delegate (Vela estimate)", share,
+                           HEAT_GRADIENT),
+        ]
+    return files
 
 
 def _serve(
