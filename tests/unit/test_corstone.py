@@ -368,12 +368,12 @@ def test_vela_estimate_per_delegate(tiny_u85):
 
 
 def test_vela_summary_first_label_wins():
-    from deploykit.flows.vela import parse_summary as _parse_vela_summary
+    from deploykit.flows.vela import parse_summary
 
     text = ("Total   SRAM bandwidth                           0.25 MB/batch\n"
             "Total   SRAM bandwidth            per input      0.01 MB/inference\n"
             "Total cycles                                     1234 cycles/batch\n")
-    assert _parse_vela_summary(text) == {"sram_mb": 0.25, "total_cycles": 1234}
+    assert parse_summary(text) == {"sram_mb": 0.25, "total_cycles": 1234}
 
 
 def test_npu_plan_places_scratch_by_memory_mode(tiny_u85):

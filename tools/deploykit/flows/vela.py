@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import struct
 import tempfile
 import time
 from dataclasses import dataclass
@@ -120,19 +119,6 @@ def _float(value: str | None) -> float:
     return 0.0 if number != number else number  # Vela writes NaN where it has no MACs
 
 
-def scratch_size(binary: bytes) -> int | None:
-    """The `scratch_size` block of an Ethos-U delegate blob (arm_vela.py's stream)."""
-    off = 0
-    while off + 32 <= len(binary):
-        name = binary[off:off + 16].split(b"\x00", 1)[0].decode("ascii", "replace")
-        (size,) = struct.unpack_from("<i", binary, off + 16)
-        off += 32
-        if name == "scratch_size" and size >= 4:
-            return struct.unpack_from("<I", binary, off)[0]
-        off += (size + 15) // 16 * 16
-    return None
-
-
 @dataclass(frozen=True)
 class VelaRun:
     """One Vela compilation of one delegate's TOSA graph."""
@@ -140,7 +126,6 @@ class VelaRun:
     summary: dict[str, Any]
     layers: list[dict[str, Any]]
     binary: bytes  # the delegate blob, as the backend would store it in the .pte
-    scratch_size: int
     seconds: float  # wall time of Vela's compile
 
 
@@ -192,4 +177,4 @@ def run_vela(tosa: bytes, target: str, system_config: str, memory_mode: str,
                           "See Vela's message; another configuration may compile.") from exc
     seconds = time.monotonic() - start
     return VelaRun(summary=parse_summary(printed), layers=parse_per_layer(per_layer, model_lines),
-                   binary=binary, scratch_size=scratch_size(binary) or 0, seconds=seconds)
+                   binary=binary, seconds=seconds)

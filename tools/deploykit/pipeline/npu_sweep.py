@@ -135,15 +135,17 @@ def compile_point(point: SweepPoint, tosa_files: list[Path],
     """Vela on each delegate's TOSA graph for `point`: per delegate {summary, layers,
     scratch_size, blob_size, seconds}; and "" or the error that stopped it."""
     from deploykit.flows.vela import run_vela
+    from deploykit.program.inspect import parse_vela_stream
 
     out = []
     try:
         for tosa, lines in zip(tosa_files, model_lines, strict=True):
             run = run_vela(tosa.read_bytes(), point.target, point.system_config,
                            point.memory_mode, lines)
+            stream = parse_vela_stream(run.binary)
             out.append({"summary": run.summary, "layers": run.layers,
-                        "scratch_size": run.scratch_size, "blob_size": len(run.binary),
-                        "seconds": run.seconds})
+                        "scratch_size": (stream.scratch_size or 0) if stream else 0,
+                        "blob_size": len(run.binary), "seconds": run.seconds})
     except DeployKitError as exc:
         return out, f"{exc.exit_code.name}: {str(exc).splitlines()[0]}"
     return out, ""
