@@ -78,9 +78,10 @@ def test_inspect_shows_the_top_npu_operators_and_json_has_all(ds_cnn_info):
 
 def test_sweep_over_a_few_points_reproduces_the_export_and_marks_the_front(ds_cnn_out,
                                                                           ds_cnn_info):
+    # Two workers: the points compile in worker processes, and come back in point order.
     result = api.npu_sweep("corstone-320", "ds_cnn", macs=[128, 256],
                            memory_modes=["Shared_Sram", "Sram_Only"],
-                           system_configs=["Ethos_U85_SYS_DRAM_Mid"], out=ds_cnn_out,
+                           system_configs=["Ethos_U85_SYS_DRAM_Mid"], jobs=2, out=ds_cnn_out,
                            project=False)
     rows = result.rows
     assert [(r.macs, r.memory_mode) for r in rows] == [
