@@ -33,8 +33,8 @@ from deploykit.flows.base import (
 from deploykit.flows.cmsis_nn_checks import refusals
 from deploykit.flows.common import flatten_tensors, in_steps, max_abs_diff, parse_cpu, to_numpy
 from deploykit.flows.conv1d_as_conv2d import Conv1dRewrite, conv1d_as_conv2d
-from deploykit.flows.elementwise_lut import elementwise_lookup_tables
 from deploykit.flows.cortex_m_float_linear import decompose_float_linear_pass
+from deploykit.flows.elementwise_lut import elementwise_lookup_tables
 from deploykit.flows.mixed_precision import (
     MAX_FALLBACKS,
     FloatChoice,

@@ -1,26 +1,32 @@
 """Float islands of elementwise functions as one int8 table lookup (the cortex_m flow).
 
-An operator the int8 lowering does not take (GELU, exp, an erf, a model's own
-``x * torch.sigmoid(1.702 * x)``) stays float between a dequantize and a quantize:
+An operator the int8 lowering does not take (GELU, exp, erf, a scale by a constant, a model's
+own ``y * torch.sigmoid(1.702 * y)``) stays float between a dequantize and a quantize:
 
     int8 -> dequantize -> f(x) (one or more pointwise float operators) -> quantize -> int8
 
 When every operator between the two is pointwise and reads nothing but the dequantized tensor
-(and Python scalars or one-element constants, such as attention's 1/sqrt(d)), the whole island maps each of the 256 int8 inputs to one int8 output,
-so it is replaced by a 256-entry table, computed here on the host by running the island's own
-nodes (the same dequantize, float operators and quantize, with their arguments) on the 256
-values: ``table[q + 128] = quantize(f(dequantize(q)))``. The program then holds the table as a
-constant and calls ``cortex_m::quantized_activation`` (ExecuTorch's Cortex-M backend: ``out[i]
-= lut[in[i] + 128]``, its MVE gather and DSP loops on the device, its torch implementation on
-the host), the operator the backend already lowers a standalone quantized sigmoid, tanh and
-SiLU to. The result is the island's own arithmetic; no float operator is left.
+(and Python scalars or one-element constants, such as attention's 1/sqrt(d)), the island maps
+each of the 256 int8 inputs to one int8 output. It is replaced by a 256-entry table computed
+here on the host by running the island's own nodes (the same dequantize, float operators and
+quantize, with their arguments) on the 256 values: ``table[q + 128] =
+quantize(f(dequantize(q)))``, so the result is the host's dequantize -> f -> quantize, bit for
+bit. The program holds the table as a constant and calls ``cortex_m::quantized_activation``
+(ExecuTorch's Cortex-M backend: ``out[i] = lut[in[i] + 128]``, with MVE gather and DSP loops on
+the device and a torch implementation on the host), the operator the backend itself lowers a
+standalone quantized sigmoid, tanh or SiLU to.
 
-The pass takes only what is exactly a function of one int8 tensor: a dequantize and each
-quantize with one per-tensor scale and zero point, int8 over [-128, 127]; pointwise operators
-(torch's ``pointwise`` tag) whose tensor arguments all come from the island or are
-one-element constants, with the island's shape; and float values
-that reach nothing but the island and its quantizes. Anything else (a per-channel quantize, a
-float value that is also an output or feeds a float LayerNorm, a second input) is left alone.
+The Cortex-M passes also leave a pointwise operator with its dequantize and quantize folded
+into its meta when no cortex_m kernel takes it (a hardswish after an add: the backend fuses
+hardswish only into a convolution or linear); it would run on int8 bytes as if they were
+values, and becomes a table the same way (PT2E's quantize and dequantize with those qparams).
+
+Only what is exactly a function of one int8 tensor is taken: a dequantize and each quantize of
+one per-tensor scale and zero point, int8 over [-128, 127]; pointwise operators (torch's
+``pointwise`` tag) whose tensor arguments all come from the island or are one-element
+constants, with the island's shape; and float values that reach nothing but the island and its
+quantizes. Anything else (a per-channel quantize, a float value that is also an output or feeds
+a float LayerNorm, a second input) is left alone.
 """
 
 from __future__ import annotations
