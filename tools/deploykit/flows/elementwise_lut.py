@@ -118,7 +118,8 @@ def _island(ep: Any, dequantize: Any) -> tuple[list[Any], list[Any]] | None:
             if all(a in members or _scalar_constant(ep, a) is not None
                    for a in _node_args(user)):
                 val = user.meta.get("val")
-                if val is None or val.shape != shape or not val.dtype.is_floating_point:
+                # Any dtype: softplus compares (bool) and selects (where) in between.
+                if val is None or val.shape != shape:
                     return None
                 members.add(user)
                 order.append(user)
