@@ -6,7 +6,8 @@ torch.export -> ``to_edge_transform_and_lower`` with the Cortex-M edge config of
 ``backends/cortex_m/test/tester.py`` -> the passes of ``CortexMPassManager`` for the board CPU
 (``CortexMTargetConfig``: MVE/DSP/scalar CMSIS-NN paths take differently laid-out constants,
 so the ``.pte`` is CPU-specific); where they fail, the failing operator is kept in float and
-the whole is redone (flows/mixed_precision.py) -> float linears to ``addmm``
+the whole is redone (flows/mixed_precision.py) -> elementwise float islands to int8 table
+lookups (flows/elementwise_lut.py) -> float linears to ``addmm``
 (flows/cortex_m_float_linear.py) -> ``to_executorch``. 4-D float inputs are made
 channels-last (the CMSIS-NN kernels are NHWC), so such an input's bytes are NHWC on the
 device: see ``input_dim_orders`` / ``export.memory_order_bytes``. The ``.pte`` cannot run on
