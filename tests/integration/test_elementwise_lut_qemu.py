@@ -72,3 +72,5 @@ def test_elementwise_int8_model_runs_bit_exact_without_float_islands(tmp_path_fa
         assert "cortex_m::quantized_activation.out" in ops
         assert [t.split(" at ")[0] for t in exported["mixed_precision"]["lookup_tables"]] == [
             "gelu", "mul -> exp", "mul", "hardswish"]
+        assert "elementwise functions as int8 tables: 4 (gelu at activations.py:13, " \
+            in report.summary()

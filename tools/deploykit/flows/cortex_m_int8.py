@@ -35,6 +35,7 @@ from deploykit.flows.cmsis_nn_checks import refusals
 from deploykit.flows.common import flatten_tensors, in_steps, max_abs_diff, parse_cpu, to_numpy
 from deploykit.flows.conv1d_as_conv2d import Conv1dRewrite, conv1d_as_conv2d
 from deploykit.flows.cortex_m_float_linear import decompose_float_linear_pass
+from deploykit.flows.elementwise_lut import REPORT_KEY as LOOKUP_TABLES
 from deploykit.flows.elementwise_lut import elementwise_lookup_tables
 from deploykit.flows.mixed_precision import (
     MAX_FALLBACKS,
@@ -171,7 +172,7 @@ class CortexMInt8(Flow):
             mixed = float_compute(lowered.graph_module, spec.source_path)
             mixed["kept_in_float"] = [c.describe() for c in excluded]
             mixed.update(conv1d.report())
-            mixed["lookup_tables"] = [t.describe() for t in tables]
+            mixed[LOOKUP_TABLES] = [t.describe() for t in tables]
             if upstream is not None:
                 mixed["upstream_failure"] = dataclasses.asdict(upstream)
         with st.step("cortex_m dialect check"):

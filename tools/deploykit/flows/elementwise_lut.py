@@ -52,6 +52,19 @@ class LookupTable:
         return f"{' -> '.join(self.ops)} at {self.source}"
 
 
+REPORT_KEY = "lookup_tables"
+
+
+def describe(report: dict[str, Any]) -> list[str]:
+    """One line for the export and run reports, from export.json's ``mixed_precision``:
+    the islands that became tables, with their model lines (file:line)."""
+    tables = report.get(REPORT_KEY) or []
+    if not tables:
+        return []
+    shown = [t.split(" in ")[0] for t in tables]  # "gelu at model.py:56"
+    return [f"elementwise functions as int8 tables: {len(tables)} ({', '.join(shown)})"]
+
+
 def _is_qdq(node: Any, kind: str) -> bool:
     """A per-tensor quantize ("quantize") or dequantize ("dequantize") of int8 over the full
     range, with one scale and one zero point."""
