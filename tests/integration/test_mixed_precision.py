@@ -111,6 +111,11 @@ def test_transformer_keeps_only_the_failing_bmm_in_float(transformer):
         assert op in transformer.op_list
     assert "aten::bmm.out" in transformer.op_list
     assert _all_covered(transformer.op_list) == []
+    # The GELU and the scores' scale are int8 table lookups (flows/elementwise_lut.py): of the
+    # float operators only the layer norms are left besides the bmm.
+    assert [t.split(" at ")[0] for t in mixed["lookup_tables"]] == ["mul", "gelu"]
+    assert "cortex_m::quantized_activation.out" in transformer.op_list
+    assert mixed["other_float_ops"] == ["aten::native_layer_norm"]
     failure = mixed["upstream_failure"]
     assert failure["step"] == "ReplaceScalarWithTensorArgPass"
     assert failure["op"] == "aten::bmm"

@@ -6,7 +6,8 @@ torch.export -> ``to_edge_transform_and_lower`` with the Cortex-M edge config of
 ``backends/cortex_m/test/tester.py`` -> the passes of ``CortexMPassManager`` for the board CPU
 (``CortexMTargetConfig``: MVE/DSP/scalar CMSIS-NN paths take differently laid-out constants,
 so the ``.pte`` is CPU-specific); where they fail, the failing operator is kept in float and
-the whole is redone (flows/mixed_precision.py) -> float linears to ``addmm``
+the whole is redone (flows/mixed_precision.py) -> elementwise float islands to int8 table
+lookups (flows/elementwise_lut.py) -> float linears to ``addmm``
 (flows/cortex_m_float_linear.py) -> ``to_executorch``. 4-D float inputs are made
 channels-last (the CMSIS-NN kernels are NHWC), so such an input's bytes are NHWC on the
 device: see ``input_dim_orders`` / ``export.memory_order_bytes``. The ``.pte`` cannot run on
@@ -34,6 +35,8 @@ from deploykit.flows.cmsis_nn_checks import refusals
 from deploykit.flows.common import flatten_tensors, in_steps, max_abs_diff, parse_cpu, to_numpy
 from deploykit.flows.conv1d_as_conv2d import Conv1dRewrite, conv1d_as_conv2d
 from deploykit.flows.cortex_m_float_linear import decompose_float_linear_pass
+from deploykit.flows.elementwise_lut import REPORT_KEY as LOOKUP_TABLES
+from deploykit.flows.elementwise_lut import elementwise_lookup_tables
 from deploykit.flows.mixed_precision import (
     MAX_FALLBACKS,
     FloatChoice,
@@ -49,6 +52,7 @@ from deploykit.flows.mixed_precision import (
 from deploykit.flows.one_channel_conv import one_channel_depthwise_as_conv
 from deploykit.flows.patches import OFF, Tiler, share_constants
 from deploykit.flows.pt2e import dequantize, io_quant, quantize, quantize_pt2e
+from deploykit.readers.op_coverage import model_line
 from deploykit.util.errors import ConfigError, ExportError
 
 if TYPE_CHECKING:
@@ -153,6 +157,10 @@ class CortexMInt8(Flow):
         if tiler is not None:
             with st.step("patches: one placeholder per constant the tiles share"):
                 patches_report["shared_constants"] = share_constants(lowered)
+        with st.step("elementwise float islands to int8 table lookups"):
+            tables = elementwise_lookup_tables(
+                lowered, lambda node: model_line(node.meta.get("stack_trace") or "",
+                                                 spec.source_path) or "?")
         with st.step("float linears to addmm"):
             lowered = _transform(lowered, decompose_float_linear_pass())
             if options.fold_constants:
@@ -164,6 +172,7 @@ class CortexMInt8(Flow):
             mixed = float_compute(lowered.graph_module, spec.source_path)
             mixed["kept_in_float"] = [c.describe() for c in excluded]
             mixed.update(conv1d.report())
+            mixed[LOOKUP_TABLES] = [t.describe() for t in tables]
             if upstream is not None:
                 mixed["upstream_failure"] = dataclasses.asdict(upstream)
         with st.step("cortex_m dialect check"):
