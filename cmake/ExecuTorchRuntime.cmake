@@ -140,7 +140,8 @@ endif()
 # built with the model (dk_kernels below), registered by the same codegen.
 set(_dk_kernels_dir ${_DK_ET_CMAKE_DIR}/../firmware/kernels)
 list(APPEND _dk_sel_args --extra-functions-yaml=${_dk_kernels_dir}/functions.yaml
-                         --extra-kernels-dir=${_dk_kernels_dir})
+                         --extra-kernels-dir=${_dk_kernels_dir}
+                         --merged-functions-yaml=${_dk_et_bin}/functions.yaml)
 execute_process(
   COMMAND ${PYTHON_EXECUTABLE} ${_DK_ET_CMAKE_DIR}/executorch_select_kernels.py ${_dk_sel_args}
   RESULT_VARIABLE _dk_rc ERROR_VARIABLE _dk_err)
@@ -384,18 +385,9 @@ function(dk_executorch_link target)
       COMMENT "Operator list ${DK_OPS_YAML}" VERBATIM)
     set(_yamls)
     if(DK_SEL_DK_OPS)
-      # One FUNCTIONS_YAML for the codegen: the portable entries plus deploykit's.
-      file(READ ${EXECUTORCH_SOURCE_DIR}/kernels/portable/functions.yaml _dk_portable_yaml)
-      file(READ ${_dk_kernels_dir}/functions.yaml _dk_own_yaml)
-      set(_dk_merged ${_dk_et_bin}/functions.yaml)
-      set(_dk_text "${_dk_portable_yaml}\n${_dk_own_yaml}")
-      if(EXISTS ${_dk_merged})
-        file(READ ${_dk_merged} _dk_old)
-      endif()
-      if(NOT _dk_old STREQUAL _dk_text)
-        file(WRITE ${_dk_merged} "${_dk_text}")
-      endif()
-      list(APPEND _yamls FUNCTIONS_YAML ${_dk_merged})
+      # One FUNCTIONS_YAML for the codegen (executorch_select_kernels.py wrote it): the
+      # portable entries deploykit's kernels do not replace, then deploykit's.
+      list(APPEND _yamls FUNCTIONS_YAML ${_dk_et_bin}/functions.yaml)
     elseif(DK_SEL_PORTABLE_OPS)
       list(APPEND _yamls FUNCTIONS_YAML ${EXECUTORCH_SOURCE_DIR}/kernels/portable/functions.yaml)
     endif()

@@ -7,8 +7,11 @@ Input: the `selected_operators.yaml` that `python -m executorch.codegen.tools.ge
   own small static library in the cached runtime build, so only those are ever compiled);
 - whether the model needs cortex_m operators (and so the cortex_m kernels and CMSIS-NN);
 - which of deploykit's own kernels (firmware/kernels: ATen operators the portable library lacks,
-  such as avg_pool3d.out) it needs, given with --extra-functions-yaml/--extra-kernels-dir;
-- which kernel YAMLs the registration codegen needs;
+  such as avg_pool3d.out, and the few whose portable kernel they replace, such as cat.out) it
+  needs, given with --extra-functions-yaml/--extra-kernels-dir;
+- which kernel YAMLs the registration codegen needs, and with --merged-functions-yaml the one
+  FUNCTIONS_YAML it reads when deploykit's kernels are used: the portable entries they do not
+  replace, then theirs;
 - the exact number of kernels the generated registration plus the primitive operators put into
   the registry, used as MAX_KERNEL_NUM: with all primitive operators (ExecuTorch's
   register_prim_ops.cpp as built), and with only the model's own (the same file compiled with
@@ -49,16 +52,16 @@ def entries(functions_yaml: Path) -> dict[str, list[str]]:
 
 def kernel_library(op: str, prim_ops: Iterable[str], portable: dict[str, list[str]],
                    extra: dict[str, list[str]], cortex_m: dict[str, list[str]]) -> str | None:
-    """Which kernel library of the runtime build implements `op`: "prim", "portable",
-    "deploykit" (firmware/kernels), "cortex_m", or None. deploykit's export checks a model's
-    operators with this same function before anything is compiled
-    (deploykit.readers.op_coverage)."""
+    """Which kernel library of the runtime build implements `op`: "prim", "deploykit"
+    (firmware/kernels, which replaces the portable kernel of an operator both have),
+    "portable", "cortex_m", or None. deploykit's export checks a model's operators with this
+    same function before anything is compiled (deploykit.readers.op_coverage)."""
     if op in prim_ops:
         return "prim"
-    if op in portable:
-        return "portable"
     if op in extra:
         return "deploykit"
+    if op in portable:
+        return "portable"
     if op in cortex_m:
         return "cortex_m"
     return None
@@ -119,9 +122,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--cortex-m", action="store_true", help="cortex_m kernels are available")
     ap.add_argument("--extra-functions-yaml", type=Path,
                     help="deploykit's kernel YAML (firmware/kernels/functions.yaml), matched "
-                         "after the portable one")
+                         "before the portable one")
     ap.add_argument("--extra-kernels-dir", type=Path,
                     help="the op_*.cpp files of --extra-functions-yaml")
+    ap.add_argument("--merged-functions-yaml", type=Path,
+                    help="write the codegen's FUNCTIONS_YAML here: the portable entries that "
+                         "--extra-functions-yaml does not replace, then its own")
     ap.add_argument("--output", required=True, type=Path)
     ap.add_argument("--selected-prim-ops-header", type=Path,
                     help="write selected_prim_ops.h (the model's primitive operators) here")
@@ -214,12 +220,28 @@ def main(argv: list[str]) -> int:
     if args.selected_prim_ops_header:
         _write_if_changed(args.selected_prim_ops_header,
                           selected_prim_ops_header([prim_macros[o] for o in prim_ops]))
+    if args.merged_functions_yaml and args.extra_functions_yaml:
+        _write_if_changed(args.merged_functions_yaml,
+                          merged_functions_yaml(et / "kernels/portable/functions.yaml",
+                                                args.extra_functions_yaml))
     if args.normalized_yaml:
         for info in (selected.get("operators") or {}).values():
             if isinstance(info, dict):
                 info.pop("debug_info", None)
         _write_if_changed(args.normalized_yaml, yaml.safe_dump(selected, sort_keys=True))
     return 0
+
+
+def merged_functions_yaml(portable_yaml: Path, extra_yaml: Path) -> str:
+    """The portable kernel YAML without the operators `extra_yaml` implements, then
+    `extra_yaml`: one registration per operator (the codegen refuses two)."""
+    replaced = set(entries(extra_yaml))
+    kept = []
+    for entry in yaml.safe_load(portable_yaml.read_text()) or []:
+        op = entry.get("op") or entry.get("func", "").split("(")[0]
+        if ("aten::" + op if "::" not in op else op) not in replaced:
+            kept.append(entry)
+    return yaml.safe_dump(kept, sort_keys=False) + "\n" + extra_yaml.read_text()
 
 
 def _write_if_changed(path: Path, text: str) -> None:

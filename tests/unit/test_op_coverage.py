@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploykit.readers.op_coverage import check_coverage, kernel_tables, model_line
+from deploykit.readers.op_coverage import (
+    _select_kernels,
+    check_coverage,
+    executorch_package_root,
+    kernel_tables,
+    model_line,
+)
 from deploykit.util.errors import ExitCode, OperatorCoverageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,10 +49,17 @@ def test_every_yaml_entry_is_covered():
     that YAML (an entry the export did not know about would be a disagreement)."""
     tables = kernel_tables()
     for op in tables.portable:
-        assert tables.library(op) in ("portable", "prim"), op
+        # deploykit's kernels replace the portable ones of the operators both have.
+        expected = ("deploykit",) if op in tables.deploykit else ("portable", "prim")
+        assert tables.library(op) in expected, op
     deploykit_yaml = yaml.safe_load((REPO / "firmware/kernels/functions.yaml").read_text())
     for entry in deploykit_yaml:
-        assert tables.library("aten::" + entry["op"]) == "deploykit"
+        op = entry.get("op") or entry["func"].split("(")[0]
+        assert tables.library(op if "::" in op else "aten::" + op) == "deploykit", op
+    # The copies that replace portable kernels (firmware/kernels/op_memory_order_copy.cpp).
+    for op in ("aten::slice_copy.Tensor_out", "aten::cat.out",
+               "dim_order_ops::_clone_dim_order.out"):
+        assert op in tables.portable and tables.library(op) == "deploykit", op
 
 
 def test_model_line_is_the_model_files_frame():
@@ -137,3 +150,19 @@ def test_cmake_gate_and_export_check_agree(executorch_sources, tmp_path):
     assert tables.prim_ops_exact
     export_missing = {o for o in ops if tables.library(o) is None}
     assert cmake_missing == export_missing == {"aten::linear.out", "aten::sort.values"}
+
+
+def test_the_codegen_yaml_registers_each_operator_once():
+    """The FUNCTIONS_YAML the registration codegen reads when deploykit's kernels are used:
+    a portable entry that deploykit replaces is left out (the codegen refuses two)."""
+    sel = _select_kernels()
+    portable_yaml = executorch_package_root() / "kernels/portable/functions.yaml"
+    merged = yaml.safe_load(sel.merged_functions_yaml(
+        portable_yaml, REPO / "firmware/kernels/functions.yaml"))
+    ops = [e.get("op") or e["func"].split("(")[0] for e in merged]
+    assert len(ops) == len(set(ops))
+    kernels = {op: e["kernels"][0]["kernel_name"] for op, e in zip(ops, merged, strict=True)}
+    assert kernels["cat.out"] == "torch::executor::dk_cat_out"
+    assert kernels["slice_copy.Tensor_out"] == "torch::executor::dk_slice_copy_Tensor_out"
+    assert kernels["add.out"] == "torch::executor::add_out"  # the portable ones stay
+    assert len(ops) == len(sel.entries(portable_yaml)) + 1  # + avg_pool3d.out

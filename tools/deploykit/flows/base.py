@@ -59,14 +59,18 @@ class ExportOptions:
                 + (f" calibration={self.calibration}" if self.calibration != "model" else "")
                 + (f" patches={self.patches}" if self.patches != "off" else ""))
 
-    def backend_config(self, **kwargs: Any) -> Any:
-        """to_executorch's ExecutorchBackendConfig for these options (and `kwargs`)."""
+    def backend_config(self, copies_in_memory_order: bool = False, **kwargs: Any) -> Any:
+        """to_executorch's ExecutorchBackendConfig for these options (and `kwargs`).
+        `copies_in_memory_order`: the program runs on deploykit's copy kernels, so slices and
+        joins keep their input's dim order (flows/memory_planning.py)."""
         from executorch.exir import ExecutorchBackendConfig
 
         from deploykit.flows.memory_planning import memory_planning_pass
 
         return ExecutorchBackendConfig(
-            memory_planning_pass=memory_planning_pass(alloc_graph_input=self.plan_inputs),
+            memory_planning_pass=memory_planning_pass(
+                alloc_graph_input=self.plan_inputs,
+                copies_in_memory_order=copies_in_memory_order),
             **kwargs)
 
 

@@ -194,7 +194,10 @@ class CortexMInt8(Flow):
                 # compared as floats, as with float I/O).
                 int8_inputs, int8_outputs = _make_int8_io(lowered)
         with st.step("to_executorch"):
-            program = edge.to_executorch(options.backend_config())
+            # Cortex-M firmware has deploykit's copy kernels (firmware/kernels), so a slice or
+            # join of a channels-last map stays channels-last (what the tiles of --patches cut
+            # and join).
+            program = edge.to_executorch(options.backend_config(copies_in_memory_order=True))
             pte = bytes(program.buffer)
 
         def to_device(xs: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -106,11 +106,54 @@ def greedy_by_size(
     return result
 
 
-def memory_planning_pass(alloc_graph_input: bool) -> Any:
-    """ExecuTorch's MemoryPlanningPass with the smaller of its greedy plan and greedy_by_size."""
+# The out-variant copies whose kernels in deploykit's firmware copy in memory order
+# (firmware/kernels/op_memory_order_copy.cpp): any dim order, as long as input and output share it.
+_MEMORY_ORDER_COPIES = ("aten::slice_copy.Tensor_out", "aten::cat.out")
+
+
+def copies_keep_dim_order(graph_module: Any) -> int:
+    """Give each slice and join of `graph_module` (after ToOutVarPass, before memory planning:
+    the tensor specs the emitter writes) its input's dim order; returns how many changed.
+
+    PyTorch gives a slice of a channels-last map that is not dense (a run of columns) and a
+    join of such slices contiguous strides, so the program would ask for a layout change the
+    copy kernels do not make (they check that input and output share a dim order). The specs
+    are set here and not in the graph's values because every pass of to_executorch retraces
+    those (SpecPropPass). Only for firmware with deploykit's kernels: ExecuTorch's portable
+    slice and cat would copy a channels-last tensor in the logical order, which is wrong."""
+    from executorch.exir.tensor import stride_from_dim_order
+
+    changed = 0
+    for node in graph_module.graph.nodes:
+        name = getattr(node.target, "name", None)  # an OpOverload's "namespace::op.overload"
+        if node.op != "call_function" or not callable(name) or name() not in _MEMORY_ORDER_COPIES:
+            continue
+        first = node.args[0][0] if isinstance(node.args[0], (list, tuple)) else node.args[0]
+        want = tuple(first.meta["spec"].dim_order)
+        specs = {id(s): s for s in (node.meta.get("spec"), node.kwargs["out"].meta.get("spec"))
+                 if s is not None}
+        for spec in specs.values():
+            if tuple(spec.dim_order) == want:
+                continue
+            spec.dim_order = want
+            spec.stride = tuple(stride_from_dim_order(list(spec.shape), list(want)))
+            changed += 1
+    return changed
+
+
+def memory_planning_pass(alloc_graph_input: bool, copies_in_memory_order: bool = False) -> Any:
+    """ExecuTorch's MemoryPlanningPass with the smaller of its greedy plan and greedy_by_size;
+    with `copies_in_memory_order`, slices and joins first take their input's dim order
+    (:func:`copies_keep_dim_order`)."""
     from executorch.exir.memory_planning import MemoryPlanningAlgorithmSuite, greedy
     from executorch.exir.passes import MemoryPlanningPass
 
-    return MemoryPlanningPass(
+    class _Planning(MemoryPlanningPass):
+        def run(self, graph_module: Any, graph_signature: Any = None) -> Any:
+            if copies_in_memory_order:
+                copies_keep_dim_order(graph_module)
+            return super().run(graph_module, graph_signature)
+
+    return _Planning(
         memory_planning_algo=MemoryPlanningAlgorithmSuite(algo_list=[greedy, greedy_by_size]),
         alloc_graph_input=alloc_graph_input)

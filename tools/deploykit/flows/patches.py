@@ -511,19 +511,20 @@ def apply_patches(graph_module: Any, plan: PatchPlan, channels_last: bool = Fals
     """Replace the stage of `graph_module` by its tiles (module docstring), in place.
 
     `channels_last`: the stage computes on channels-last (NHWC) tensors, as the CMSIS-NN
-    kernels do. ExecuTorch's portable slice and cat kernels copy in the order of the logical
-    dimensions, which only equals the memory order of a contiguous tensor; so the input
-    (which the flow keeps contiguous) is cut as it is and each tile made channels-last, and
-    each tile's output is made contiguous before it is cut and joined, and the joined map
-    channels-last again (layout copies of a tile, and one of the split's output)."""
+    kernels do. The input (which the flow keeps contiguous) is cut as it is and each tile made
+    channels-last (one layout copy per tile); the tiles' outputs are cut and joined as they
+    are, channels-last: deploykit's slice and cat kernels copy in memory order
+    (firmware/kernels/op_memory_order_copy.cpp), where ExecuTorch's portable ones would need
+    each tile made contiguous and the joined map channels-last again."""
     import torch
 
     aten = torch.ops.aten
 
-    def layout(node: Any, like: Any, memory_format: Any) -> Any:
+    def channels_last_copy(node: Any, like: Any) -> Any:
         if not channels_last:
             return node
-        return _part(graph, like, fake, aten.clone.default, node, memory_format=memory_format)
+        return _part(graph, like, fake, aten.clone.default, node,
+                     memory_format=torch.channels_last)
 
     graph = graph_module.graph
     stage = plan.stage
@@ -541,13 +542,12 @@ def apply_patches(graph_module: Any, plan: PatchPlan, channels_last: bool = Fals
                 tile_in = _crop(graph, stage.input, fake, rows_in, 3, *plan.cols.inputs[c],
                                 width)
                 env: dict[Any, Any] = {
-                    stage.input: layout(tile_in, stage.input, torch.channels_last)}
+                    stage.input: channels_last_copy(tile_in, stage.input)}
                 for s in stage.nodes:
                     env[s.node] = _copy(graph, s, env, fake, plan.rows.spans[r],
                                         plan.cols.spans[c], r * len(plan.cols.outputs) + c)
                 span = plan.cols.spans[c][split]
-                tile_out = layout(env[split], split, torch.contiguous_format)
-                tiles.append(_crop(graph, split, fake, tile_out, 3, clo - span.start,
+                tiles.append(_crop(graph, split, fake, env[split], 3, clo - span.start,
                                    chi - span.start, span.size))
             strip = tiles[0] if len(tiles) == 1 else \
                 _part(graph, split, fake, aten.cat.default, tiles, 3)
@@ -556,7 +556,6 @@ def apply_patches(graph_module: Any, plan: PatchPlan, channels_last: bool = Fals
                                 span.size))
         whole = strips[0] if len(strips) == 1 else \
             _part(graph, split, fake, aten.cat.default, strips, 2)
-        whole = layout(whole, split, torch.channels_last)
     split.replace_all_uses_with(whole)
     for s in reversed(stage.nodes):
         graph.erase_node(s.node)
@@ -1093,3 +1092,4 @@ def share_constants(ep: Any) -> int:
         ep.graph.lint()
         ep.graph_module.recompile()
     return merged
+
