@@ -27,8 +27,9 @@ extern "C" {
 // The arena where deploykit's runner has its memory pools (the board's `pools` region).
 alignas(16) static uint8_t tensor_arena[PEER_ARENA_SIZE] __attribute__((section(".dk_pools")));
 
-// ExecuTorch's ScalarType::Char, the protocol's code for int8 (docs/protocol.md).
+// The protocol's dtype codes, ExecuTorch's ScalarType (docs/protocol.md): Char, Float.
 static constexpr uint8_t kProtocolInt8 = 1;
+static constexpr uint8_t kProtocolFloat32 = 6;
 
 [[noreturn]] static void fail(const char *what) {
   dk_send_error(DK_ERR_SELFTEST, what);
@@ -46,11 +47,19 @@ int main() {
   tflite::MicroInterpreter interpreter(model, resolver, tensor_arena, sizeof tensor_arena);
   if (interpreter.AllocateTensors() != kTfLiteOk) fail("AllocateTensors failed");
 
-  // A fixed input pattern: CMSIS-NN's int8 kernels take the same path for any values.
+  // A fixed input pattern: CMSIS-NN's int8 kernels take the same path for any values. A model
+  // with float input (a quantize first) gets the same pattern in [-1, 1).
   TfLiteTensor *input = interpreter.input(0);
-  if (input->type != kTfLiteInt8) fail("the model's input is not int8");
-  for (size_t i = 0; i < input->bytes; ++i)
-    input->data.int8[i] = static_cast<int8_t>(static_cast<int>((i * 37u) % 255u) - 127);
+  const size_t elements = input->bytes / (input->type == kTfLiteFloat32 ? 4u : 1u);
+  for (size_t i = 0; i < elements; ++i) {
+    const int value = static_cast<int>((i * 37u) % 255u) - 127;
+    if (input->type == kTfLiteInt8)
+      input->data.int8[i] = static_cast<int8_t>(value);
+    else if (input->type == kTfLiteFloat32)
+      input->data.f[i] = static_cast<float>(value) / 128.0f;
+    else
+      fail("the model's input is neither int8 nor float32");
+  }
 
   const uint64_t t0 = dk_ticks();
   const TfLiteStatus status = interpreter.Invoke();
@@ -61,8 +70,9 @@ int main() {
   int32_t sizes[4] = {1, 1, 1, 1};
   const int dims = output->dims->size < 4 ? output->dims->size : 4;
   for (int i = 0; i < dims; ++i) sizes[i] = output->dims->data[i];
-  if (dk_send_tensor(0, kProtocolInt8, static_cast<uint8_t>(dims), sizes, 0.0f, 0,
-                     output->data.int8, static_cast<uint32_t>(output->bytes)) != 0)
+  const uint8_t dtype = output->type == kTfLiteFloat32 ? kProtocolFloat32 : kProtocolInt8;
+  if (dk_send_tensor(0, dtype, static_cast<uint8_t>(dims), sizes, 0.0f, 0, output->data.raw,
+                     static_cast<uint32_t>(output->bytes)) != 0)
     fail("tensor record refused by the encoder");
   dk_send_timing(ticks, dk_tick_hz(), 1, DK_INSTRUCTIONS_UNKNOWN);
   const dk_memory_entry_t entries[] = {
