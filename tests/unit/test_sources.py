@@ -207,6 +207,18 @@ def test_manifest_drops_the_platform_and_adds_cmsis_6():
     assert pins["ethos-u-core-driver"].revision == "26.02"
 
 
+
+def test_manifest_peers_are_optional_and_apart_from_executorchs_flatbuffers():
+    """bench/peers' projects are skipped unless asked for, and TFLM's flatbuffers (a newer
+    release than ExecuTorch's) lives at a path of its own, not over ExecuTorch's copy."""
+    pins = {p.name: p for p in read_manifest()}
+    peers = ("tflite-micro", "mlcommons-tiny", "tflm-flatbuffers", "gemmlowp", "ruy")
+    for name in peers:
+        assert pins[name].groups == ("peers",) and pins[name].optional, name
+        assert pins[name].path.startswith("peers/"), name
+    assert pins["tflm-flatbuffers"].url == pins["flatbuffers"].url
+    assert pins["tflm-flatbuffers"].revision != pins["flatbuffers"].revision
+
 # ---- remembered overrides ----------------------------------------------------------------------
 
 def _offline_west(tmp_path, monkeypatch) -> Path:
