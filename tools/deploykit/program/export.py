@@ -39,6 +39,7 @@ from deploykit.flows.base import (
     QuantParams,
 )
 from deploykit.flows.common import Stages, in_steps, max_abs_diff, to_numpy
+from deploykit.readers.execute_failure import instruction_sources
 from deploykit.readers.op_coverage import check_coverage
 from deploykit.readers.pte_reader import PteTensor, read_pte_info
 from deploykit.util.errors import ConfigError, ExportError
@@ -226,6 +227,10 @@ def export(spec: ModelSpec, flow: str | Flow, out_dir: Path, cpu: str = "cortex-
             },
             "tolerance": tolerance,
             "tolerance_source": tol_source,
+            # Instruction index -> model line, to name where a failed execute() stopped.
+            "instruction_sources": {
+                str(k): v for k, v in
+                instruction_sources(art.program_graph, pte, spec.source_path).items()},
             "export_seconds": export_seconds,
             "timings": st.timings,
             "warnings": warn,
