@@ -1,5 +1,6 @@
 """The execute_error record (docs/protocol.md): decoded, classified, and placed in a program
-and its model; and the firmware's CMSIS-NN wrappers, linked with --wrap, agree with their list.
+and its model; and the firmware's checked CMSIS-NN calls agree with the renaming the kernels
+are built with.
 
 The device side runs in tests/integration/test_execute_error_qemu.py."""
 
@@ -15,7 +16,7 @@ from torch import nn
 from deploykit.readers.execute_failure import instruction_sources, locate, program_steps
 from deploykit.readers.protocol import ExecuteError, RecordType, decode
 from deploykit.util.errors import ExitCode
-from protocol_encoder import (
+from tests.protocol_encoder import (
     done_payload,
     encode_record,
     error_payload,
@@ -104,11 +105,32 @@ def test_a_step_is_placed_at_its_instruction_operator_and_model_line(exported):
         "Internal (0x01)"
 
 
-def test_the_wrapped_cmsis_nn_calls_agree_with_the_link_options():
-    cmake = (REPO / "firmware" / "runner" / "CMakeLists.txt").read_text()
-    listed = re.search(r"set\(DK_CMSIS_NN_WRAPPED\s+([^)]*)\)", cmake)
-    assert listed is not None
-    wrapped = set(listed.group(1).split())
+def test_the_checked_cmsis_nn_calls_agree_with_the_renaming_the_kernels_get():
+    header = (REPO / "cmake" / "executorch-runtime" / "dk_cmsis_nn_checked.h").read_text()
+    renamed = dict(re.findall(r"^#define (arm_\w+) (dk_checked_\w+)$", header, re.M))
+    assert all(new == f"dk_checked_{old}" for old, new in renamed.items())
     source = (REPO / "firmware" / "runner" / "kernel_status.c").read_text()
-    defined = set(re.findall(r"^DK_WRAPPED\((\w+)\);", source, re.M))
-    assert wrapped == defined and len(wrapped) == 13
+    defined = set(re.findall(r"^DK_CHECKED\((\w+)\);", source, re.M))
+    assert set(renamed) == defined and len(defined) == 13
+
+
+def test_a_profile_lists_the_operators_of_the_failed_call_before_the_failing_one():
+    from deploykit.profiling.stage import operators_before_failure
+    from deploykit.readers.execute_failure import LocatedFailure
+    from deploykit.readers.protocol import RunRecords
+    from deploykit.readers.protocol.records import TraceEvent
+    from deploykit.readers.trace import Instruction
+
+    def op(handle: int, start: int, end: int) -> TraceEvent:
+        return TraceEvent("OPERATOR_CALL", 0, handle, -1, start, end)
+
+    events = [op(0, 0, 5), op(1, 5, 9), TraceEvent("Method::execute", -1, 0, -1, 0, 10),
+              op(0, 20, 26), op(1, 26, 29), op(2, 29, 30)]
+    instructions = {(0, i): Instruction(name, "cortex_m") for i, name in
+                    enumerate(["cortex_m::quantize_per_tensor.out",
+                               "cortex_m::quantized_conv2d.out", "cortex_m::quantized_add.out"])}
+    failed = LocatedFailure("...", "Internal (0x01)", 2, 0, 2, "cortex_m::quantized_add.out")
+    assert operators_before_failure(RunRecords.build(events), failed, instructions) == [
+        "instruction 0 (cortex_m::quantize_per_tensor.out): 6 ticks",
+        "instruction 1 (cortex_m::quantized_conv2d.out): 3 ticks",
+    ]
