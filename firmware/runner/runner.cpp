@@ -6,7 +6,9 @@
  * model_io.h, executes once (timed with dk_ticks()) and reports everything through the result
  * protocol (docs/protocol.md): hello, one tensor record per output, timing, memory, done.
  * Any ExecuTorch error becomes an `error` record (the Error code and a message), then
- * done(1) and exit. No printf, no heap.
+ * done(1) and exit. No printf, no heap. A failed execute() is first placed by an `execute_error`
+ * record: the instruction it stopped at (counted by the temp allocator's resets) and the
+ * CMSIS-NN call that refused, if one did (kernel_status.h).
  *
  * Tensor bytes are in each tensor's memory order (its dim order in the program, e.g.
  * channels-last NHWC for a cortex_m model's 4-D input), with logical sizes: dk_input_sets[][] are
