@@ -13,8 +13,10 @@ import pytest
 
 from deploykit.pipeline.chains import FirmwareVariant, build_firmware, locate_execute_failure
 from deploykit.pipeline.target import resolve_target
+from deploykit.profiling.stage import failed_execute, trace_definitions
 from deploykit.readers.boards import load_board, repo_root
 from deploykit.readers.execute_failure import program_steps
+from deploykit.readers.trace import program_instructions
 from deploykit.run.runners import runner_for_board
 from deploykit.util.errors import ExitCode
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
@@ -61,3 +63,29 @@ def test_the_refusing_convolution_is_named_with_its_model_line_and_status(refusi
     # The size profile: ExecuTorch's log is compiled out, so the record is all there is.
     assert not result.records.logs
     assert "profile=size" in (result.records.hello.fields.get("build") or "")
+
+
+def test_profiling_firmware_lists_the_operators_that_ran_before_the_refusal(tmp_path):
+    """`deploykit profile` on the same refusal: instead of stopping at the plain run, the report
+    names the failure and the operators that ran before it, with their times."""
+    board = load_board(BOARD)
+    target = resolve_target(board, flow="cortex_m_int8", profile="size")
+    variant = FirmwareVariant("firmware-refusing-profile", {
+        **trace_definitions(board, intermediates=False), **REFUSING.definitions})
+    built = build_firmware(target, MODEL, tmp_path, None, lambda _msg: None, variant=variant)
+    exported = built.planned.export
+    pte = exported.pte_path.read_bytes()
+    result = runner_for_board(board).run(built.firmware.elf, tmp_path / "run", timeout_s=60,
+                                         check=False)
+    error = failed_execute(result, exported, program_instructions(pte))
+    assert error.exit_code == ExitCode.DEVICE_ERROR
+    steps, _ = program_steps(pte)
+    first_conv = next(s for s in steps if s.what == "cortex_m::quantized_conv2d.out")
+    assert (f"execute failed at instruction {first_conv.index} (cortex_m::quantized_conv2d.out"
+            in error.cause), error.cause
+    listing = error.cause.split("Operators that ran before it in execute() call 1", 1)[1]
+    ran = [s for s in steps[:first_conv.index] if s.what.startswith("cortex_m::")]
+    assert ran, "the model starts with the convolution: nothing ran before it"
+    for s in ran:
+        assert f"instruction {s.index} ({s.what}): " in listing, error.cause
+    assert f"instruction {first_conv.index} " not in listing  # the failing one is named above

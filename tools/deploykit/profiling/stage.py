@@ -302,7 +302,7 @@ def profile_model(
     progress(f"running the profiling firmware on {runner.kind}")
     run = runner.run(traced.firmware.elf, out / "profile", timeout_s=timeout, check=False)
     if run.records.execute_errors:
-        raise _failed_execute(run, exported, program)
+        raise failed_execute(run, exported, program)
     run.check()
     try:
         profile = profile_from_records(run.records, program)
@@ -383,7 +383,7 @@ def operators_before_failure(records: RunRecords, located: LocatedFailure | None
     return lines
 
 
-def _failed_execute(run: RunResult, exported: ExportResult,
+def failed_execute(run: RunResult, exported: ExportResult,
                     instructions: dict[tuple[int, int], Instruction]) -> RunError:
     """A profiling run whose execute() failed: where (instruction, operator, model line, the
     kernel's message), and the operators that ran before it with their times."""
