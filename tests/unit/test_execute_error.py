@@ -134,3 +134,17 @@ def test_a_profile_lists_the_operators_of_the_failed_call_before_the_failing_one
         "instruction 0 (cortex_m::quantize_per_tensor.out): 6 ticks",
         "instruction 1 (cortex_m::quantized_conv2d.out): 3 ticks",
     ]
+
+
+def test_a_served_sample_that_fails_is_named_by_where_it_stopped():
+    from types import SimpleNamespace
+
+    from deploykit.readers.protocol import DeviceError
+    from deploykit.run.stream import StreamSession
+
+    session = StreamSession(SimpleNamespace(description="qemu-an547's console"))
+    session._placed = ExecuteError(INTERNAL, 4, ARG_ERROR, "arm_fully_connected_s8")
+    failed = session._failure(3, INTERNAL, [DeviceError(INTERNAL, "execute failed")])
+    assert failed.cause == ("sample 3 failed on qemu-an547's console: execute failed at step 4: "
+                            "arm_fully_connected_s8 returned ARM_CMSIS_NN_ARG_ERROR.")
+    assert session._placed is None  # the next failure is not named by this one's place

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from deploykit.readers.protocol.error_codes import CODES, label
-from deploykit.readers.protocol.records import DoneStatus, ExecuteError
+from deploykit.readers.protocol.records import SEQ_MODULO, DoneStatus, ExecuteError
 from deploykit.util.errors import ExitCode, RunError
 
 if TYPE_CHECKING:  # a type only: the decoder imports this module to classify its RunRecords
@@ -97,8 +97,11 @@ def _device_error(run: RunRecords, located: str | None = None) -> Outcome:
     DEVICE_ERROR when it knows none. A failed execute() is named by where it stopped (its
     execute_error record) in place of the bare "execute failed" error it comes with."""
     parts = [f"{label(e.code)}: {e.message}" for e in run.errors[:3]]
-    if run.execute_errors:
-        failure = run.execute_errors[-1]
+    # The execute_error record right before one of the run's errors (serve firmware's earlier
+    # ones belong to samples it answered, docs/protocol.md).
+    following = {(e.seq - 1) % SEQ_MODULO for e in run.errors}
+    failure = next((f for f in reversed(run.execute_errors) if f.seq in following), None)
+    if failure is not None:
         parts = [located or execute_failure_text(failure)] + [
             f"{label(e.code)}: {e.message}" for e in run.errors[:3]
             if not (e.code == failure.code and e.message == "execute failed")]
