@@ -39,7 +39,6 @@ from deploykit.flows.base import (
     QuantParams,
 )
 from deploykit.flows.common import Stages, in_steps, max_abs_diff, to_numpy
-from deploykit.readers.execute_failure import instruction_sources
 from deploykit.readers.op_coverage import check_coverage
 from deploykit.readers.pte_reader import PteTensor, read_pte_info
 from deploykit.util.errors import ConfigError, ExportError
@@ -194,6 +193,9 @@ def export(spec: ModelSpec, flow: str | Flow, out_dir: Path, cpu: str = "cortex-
                     for i, a in enumerate(xs)},
                  **{f"set{k}_output_{i}": a for k, ys in enumerate(set_references)
                     for i, a in enumerate(ys)})
+
+        # Lazily: the protocol's records need numpy, which importing this module must not.
+        from deploykit.readers.execute_failure import instruction_sources
 
         report = {
             "schema_version": REPORT_SCHEMA_VERSION,
