@@ -468,6 +468,16 @@ function(dk_executorch_link target)
   target_compile_definitions(${target} PRIVATE
     DK_MAX_KERNEL_NUM=${DK_ET_MAX_KERNEL_NUM}
     DK_ET_RUNTIME_KEY="${DK_ET_RUNTIME_KEY}")
+  # The last kernel library call that refused (firmware/runner/kernel_status.c): the checked
+  # CMSIS-NN calls the runtime's cortex_m kernels make (executorch-runtime/dk_cmsis_nn_checked.h).
+  target_sources(${target} PRIVATE ${_DK_ET_CMAKE_DIR}/../firmware/runner/kernel_status.c)
+  target_include_directories(${target} PRIVATE ${_DK_ET_CMAKE_DIR}/../firmware/runner)
+  set_source_files_properties(${_DK_ET_CMAKE_DIR}/../firmware/runner/kernel_status.c PROPERTIES
+    COMPILE_OPTIONS "${DK_WARNING_FLAGS}")
+  if(DK_SEL_CORTEX_M_OPS)
+    target_include_directories(${target} SYSTEM PRIVATE ${DK_CMSIS_NN_DIR}/Include)
+    target_compile_definitions(${target} PRIVATE DK_CMSIS_NN_STATUS=1)
+  endif()
   if(DK_LTO)
     # The whole-program step: the runtime's and the model's -flto objects are optimised
     # together at the build type's level (-Os from CMAKE_CXX_FLAGS_<CONFIG> on the link line);

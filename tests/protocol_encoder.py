@@ -16,6 +16,8 @@ import numpy as np
 
 from deploykit.readers.protocol.records import (
     DONE_STRUCT,
+    EXECUTE_ERROR_STRUCT,
+    EXECUTE_STEP_NONE,
     FAULT_REGISTERS,
     FAULT_STRUCT,
     MAGIC,
@@ -85,6 +87,12 @@ def memory_payload(entries: Mapping[str, tuple[int, int]]) -> bytes:
 
 def error_payload(code: int, message: str) -> bytes:
     return struct.pack("<I", code) + message.encode("utf-8")
+
+
+def execute_error_payload(code: int, step: int | None, kernel_status: int = 0,
+                          kernel_call: str = "") -> bytes:
+    return (EXECUTE_ERROR_STRUCT.pack(code, EXECUTE_STEP_NONE if step is None else step,
+                                      kernel_status) + kernel_call.encode("ascii"))
 
 
 def fault_payload(registers: Mapping[str, int] | Sequence[int]) -> bytes:

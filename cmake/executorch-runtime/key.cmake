@@ -27,6 +27,7 @@ function(dk_et_runtime_key out_key out_label out_text)
   string(STRIP "${_etv}" _etv)
   string(TOUPPER "${DK_ET_BUILD_TYPE}" _bt)
   file(GLOB _project_files ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/*.cmake
+       ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/*.h
        ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/CMakeLists.txt
        ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../ExecuTorchRuntime.cmake)
   list(SORT _project_files)

@@ -124,6 +124,16 @@ void dk_send_error(uint32_t code, const char *message) {
                message ? strlen(message) : 0u);
 }
 
+void dk_send_execute_error(uint32_t code, uint32_t step, int32_t kernel_status,
+                           const char *kernel_call) {
+  uint8_t fixed[12];
+  uint8_t *p = dk_put_u32(fixed, code);
+  p = dk_put_u32(p, step);
+  (void)dk_put_u32(p, (uint32_t)kernel_status);
+  dk_send_text(DK_REC_EXECUTE_ERROR, (const char *)fixed, sizeof fixed, kernel_call,
+               kernel_call ? strlen(kernel_call) : 0u);
+}
+
 int dk_send_tensor(uint16_t index, uint8_t dtype, uint8_t ndim, const int32_t *sizes,
                    float scale, int32_t zero_point, const void *data, uint32_t nbytes) {
   if ((ndim != 0u && sizes == NULL) || (nbytes != 0u && data == NULL)) return -1;

@@ -39,7 +39,9 @@ enum {
   DK_REC_TRACE_SUMMARY = 13,
   /* Serve firmware only (DK_SERVE, docs/protocol.md "Host -> device"). */
   DK_REC_SAMPLE_DONE = 14,
-  DK_REC_READY = 15
+  DK_REC_READY = 15,
+  /* Every runner firmware: where a failed execute() stopped, before its `error` record. */
+  DK_REC_EXECUTE_ERROR = 16
 };
 
 /* `done` status values, also the program's exit code. */
@@ -129,6 +131,14 @@ int dk_send_npu(uint32_t call, uint64_t npu_cycles, uint64_t cpu_ticks,
 
 /* `error`: an ExecuTorch Error value or a deploykit code, and a message. */
 void dk_send_error(uint32_t code, const char *message);
+
+/* `execute_error`: where a failed execute() stopped: its Error `code`, the `step` (the
+ * instructions it ran before the one that failed, counted from 0; DK_EXECUTE_STEP_NONE when it
+ * failed before its first instruction) and, when a kernel's library call refused, that call's
+ * status and the function's name (`kernel_call` NULL and status 0 otherwise). */
+#define DK_EXECUTE_STEP_NONE UINT32_MAX
+void dk_send_execute_error(uint32_t code, uint32_t step, int32_t kernel_status,
+                           const char *kernel_call);
 
 /* `fault`: the 13 registers. */
 void dk_send_fault(const dk_fault_regs_t *regs);

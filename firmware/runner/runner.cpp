@@ -6,7 +6,9 @@
  * model_io.h, executes once (timed with dk_ticks()) and reports everything through the result
  * protocol (docs/protocol.md): hello, one tensor record per output, timing, memory, done.
  * Any ExecuTorch error becomes an `error` record (the Error code and a message), then
- * done(1) and exit. No printf, no heap.
+ * done(1) and exit. No printf, no heap. A failed execute() is first placed by an `execute_error`
+ * record: the instruction it stopped at (counted by the temp allocator's resets) and the
+ * CMSIS-NN call that refused, if one did (kernel_status.h).
  *
  * Tensor bytes are in each tensor's memory order (its dim order in the program, e.g.
  * channels-last NHWC for a cortex_m model's 4-D input), with logical sizes: dk_input_sets[][] are
@@ -58,6 +60,7 @@
 #include "model_io.h"
 #include "model_pte.h"
 #include "dk_errors.h"
+#include "kernel_status.h"
 #include "text.h"
 #if DK_ETHOS_U
 #include "npu.h"
@@ -113,7 +116,12 @@ namespace {
 /* A bump allocator that remembers its high-water mark (the temp allocator is reset after every
  * kernel, so its peak is only visible here) and the first request it could not satisfy. In
  * Ethos-U firmware, requests made inside a delegate call (EthosUBackend's Vela scratch) count
- * towards a high-water mark of their own. */
+ * towards a high-water mark of their own.
+ *
+ * It also counts its resets: Method::execute() resets the temp allocator once as it starts and
+ * once after every instruction it runs, the failing one included, and not after a failure. So
+ * after a failed execute() the count says which instruction failed (failed_step), with no
+ * hook in ExecuTorch and 4 bytes of RAM. */
 class CountingAllocator : public MemoryAllocator {
  public:
   CountingAllocator(uint32_t size, uint8_t *base) : MemoryAllocator(size, base) {}
@@ -133,6 +141,14 @@ class CountingAllocator : public MemoryAllocator {
     if (used > high_water_) high_water_ = used;
     return p;
   }
+  void reset() override {
+    ++resets_;
+    MemoryAllocator::reset();
+  }
+  void count_resets() { resets_ = 0; }
+  /* The instructions run before the one that failed, or DK_EXECUTE_STEP_NONE when execute()
+   * failed before its first instruction. */
+  uint32_t failed_step() const { return resets_ >= 2u ? resets_ - 2u : DK_EXECUTE_STEP_NONE; }
   size_t high_water() const { return high_water_; }
   size_t npu_high_water() const { return npu_high_water_; }
   size_t failed_request() const { return failed_request_; }
@@ -141,6 +157,7 @@ class CountingAllocator : public MemoryAllocator {
   size_t high_water_ = 0;
   size_t npu_high_water_ = 0;
   size_t failed_request_ = 0;
+  uint32_t resets_ = 0;
 };
 
 /* ---- pools (section .dk_pools: the board's `pools` region, not zeroed at start-up; a family
@@ -210,6 +227,18 @@ void send_memory() {
   };
   if (dk_send_memory(entries, sizeof entries / sizeof entries[0]) != 0)
     fail(DK_ERR_SEND, "memory record refused by the encoder");
+}
+
+/* Before each execute(): the reset count and the kernel status start afresh. */
+void execute_begins() {
+  temp_allocator.count_resets();
+  dk_kernel_failure_clear();
+}
+
+/* Where a failed execute() stopped: the execute_error record, sent before its error record. */
+void send_execute_error(Error err) {
+  dk_send_execute_error(static_cast<uint32_t>(err), temp_allocator.failed_step(),
+                        dk_kernel_failure.status, dk_kernel_failure.call);
 }
 
 /* A pool ran out: its own code (the host reads the pool from it), and a message that says how
@@ -409,6 +438,7 @@ __attribute__((noinline)) void serve_setup(Method &method, const MethodMeta &met
 
 /* A failed execute() of one sample: its error record, and the code its sample_done carries. */
 uint32_t sample_failure(Error err) {
+  send_execute_error(err);
   char buf[160];
   Text t(buf, sizeof buf);
   if (temp_allocator.failed_request() != 0) {
@@ -447,6 +477,7 @@ uint32_t sample_failure(Error err) {
 #if defined(DK_WATCHDOG_EXECUTE_MS) && DK_WATCHDOG_EXECUTE_MS > 0
       dk_execute_watch_begin();
 #endif
+      execute_begins();
       const uint64_t t0 = dk_ticks();
       Error err = method.execute();
       last_ticks = dk_ticks() - t0;
@@ -598,6 +629,7 @@ int main(void) {
 #if defined(DK_WATCHDOG_EXECUTE_MS) && DK_WATCHDOG_EXECUTE_MS > 0
     dk_execute_watch_begin();
 #endif
+    execute_begins();
     const uint64_t t0 = dk_ticks();
     Error err = method->execute();
     ticks += dk_ticks() - t0;
@@ -609,6 +641,7 @@ int main(void) {
     tracer_events += dk_trace_events() - events0;
 #endif
     if (err != Error::Ok) {
+      send_execute_error(err);
       if (temp_allocator.failed_request() != 0)
         fail_pool(DK_ERR_TEMP_POOL, "temp_pool", kTempPoolBytes, temp_allocator.failed_request());
 #if DK_ETHOS_U

@@ -49,7 +49,10 @@ from deploykit.flows.mixed_precision import (
     op_base,
     summary,
 )
-from deploykit.flows.one_channel_conv import one_channel_depthwise_as_conv
+from deploykit.flows.one_channel_conv import (
+    drop_one_channel_layout_clones,
+    one_channel_depthwise_as_conv,
+)
 from deploykit.flows.patches import OFF, Tiler, share_constants
 from deploykit.flows.pt2e import dequantize, io_quant, quantize, quantize_pt2e
 from deploykit.readers.op_coverage import model_line
@@ -144,6 +147,7 @@ class CortexMInt8(Flow):
             if failure is None:
                 with st.step("one-channel depthwise convolutions to convolutions"):
                     one_channel_convs = one_channel_depthwise_as_conv(lowered, cpu_target)
+                    layout_clones = drop_one_channel_layout_clones(lowered)
                 with st.step(CMSIS_NN_CHECKS):
                     # What the kernels would refuse on the device (issue #32) falls back here,
                     # after the last rewrite that makes CMSIS-NN calls.
@@ -234,6 +238,7 @@ class CortexMInt8(Flow):
             report={"cortex_m_target": {
                 "cpu": cpu_target.target_string, "cmsis_nn_backend": cpu_target.backend.name,
                 "one_channel_depthwise_as_conv": one_channel_convs,
+                "one_channel_layout_clones_removed": layout_clones,
                 **({"int8_inputs": int8_inputs, "int8_outputs": int8_outputs}
                    if options.int8_io else {})},
                 "mixed_precision": mixed,

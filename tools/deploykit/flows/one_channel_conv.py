@@ -74,3 +74,48 @@ def one_channel_depthwise_as_conv(ep: Any, cpu_target: Any) -> int:
         graph.lint()
         graph_module.recompile()
     return rewritten
+
+
+def drop_one_channel_layout_clones(ep: Any) -> int:
+    """Remove, in place, every dim-order clone that only relabels a one-channel input of
+    CMSIS-NN convolutions. Returns how many were removed.
+
+    A Conv1d over one channel lowered as a Conv2d takes an (N, 1, 1, L) or (N, 1, L, 1)
+    tensor, which the backend clones to channels-last. With one channel and a dimension of 1
+    that clone moves no byte, and its strides are ambiguous: the emitter derives the output's
+    dim order from them (``dim_order_from_stride``) as (0, 2, 1, 3) or (0, 1, 2, 3), not the
+    (0, 2, 3, 1) the clone asks for, and the portable kernel refuses the mismatch on the
+    device (``_clone_dim_order``: InvalidArgument; issue #32, found by the execute_error
+    record). CMSIS-NN's convolution kernels take a one-channel input in any dim order (their
+    channels-last check passes a tensor of one channel), so the clone goes and they read its
+    input directly."""
+    from executorch.backends.arm._passes.arm_pass_utils import get_first_fake_tensor
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    clone = exir_ops.edge.dim_order_ops._clone_dim_order.default
+    convolutions = (exir_ops.edge.cortex_m.quantized_conv2d.default,
+                    exir_ops.edge.cortex_m.quantized_depthwise_conv2d.default)
+    graph_module = ep.graph_module
+    graph = graph_module.graph
+    removed = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != clone:
+            continue
+        source = node.args[0]
+        before, after = get_first_fake_tensor(source), get_first_fake_tensor(node)
+        if before.dim() != 4 or before.shape != after.shape or before.shape[1] != 1:
+            continue
+        # The same bytes in the same places: every dimension of more than one element keeps
+        # its stride.
+        if any(before.stride(d) != after.stride(d) for d in range(4) if before.shape[d] > 1):
+            continue
+        if not node.users or not all(u.op == "call_function" and u.target in convolutions
+                                     and u.args[0] is node for u in node.users):
+            continue
+        node.replace_all_uses_with(source)
+        graph.erase_node(node)
+        removed += 1
+    if removed:
+        graph.lint()
+        graph_module.recompile()
+    return removed

@@ -50,6 +50,7 @@ from deploykit.program.input_sets import InputSets, load_input_sets
 from deploykit.program.inspect import ProgramInfo, inspect_pte
 from deploykit.program.models import ModelSpec, load_model, resolve_model_path
 from deploykit.readers.boards import Board, repo_root
+from deploykit.readers.execute_failure import LocatedFailure
 from deploykit.readers.footprint import Footprint, footprint
 from deploykit.readers.protocol import RunRecords
 from deploykit.readers.protocol.outcome import pool_too_small
@@ -64,6 +65,7 @@ from deploykit.run.report import (
     report_json,
     set_statistics,
 )
+from deploykit.run.runners.base import RunResult
 from deploykit.run.validate import Tolerance, compare_sets
 from deploykit.util.errors import ConfigError, DeployKitError, ExitCode, MemoryPlanError
 from deploykit.util.fsutil import write_atomic
@@ -78,13 +80,15 @@ def _export_key(model_path: Path, flow: Flow, cpu: str, settings: dict | None = 
     may import its neighbours, as mobilenet_v2_lrn imports mobilenet_v2), the flow and its
     target settings (for the Ethos-U flow: Vela target, system config, memory mode), CPU,
     the exporter's code (the export stage, the built-in flows and the flow's own module, which
-    may come from another package, the operator coverage check) and the versions of torch,
-    ExecuTorch and deploykit (another deploykit sharing the output directory exports anew)."""
+    may come from another package, the operator coverage check, the instruction sources) and
+    the versions of torch, ExecuTorch and deploykit (another deploykit sharing the output
+    directory exports anew)."""
     package = Path(__file__).parents[1]
     # datasets.py: a model file may take its inputs from a built-in data set (digits_cnn).
     exporter = {package / "program" / "export.py", package / "program" / "models.py",
                 package / "program" / "datasets.py", package / "readers" / "pte_reader.py",
                 package / "readers" / "op_coverage.py",
+                package / "readers" / "execute_failure.py",
                 *(package / "flows").glob("*.py"), Path(inspect.getfile(type(flow)))}
     h = hashlib.sha256()
     neighbours = sorted(model_path.parent.glob("*.py"))
@@ -245,6 +249,25 @@ def patches_notes(program: ProgramInfo) -> list[str]:
     patches = report.get("patches")
     bound = program.costs.activation_lower_bound if program.costs else None
     return describe_patches(patches or {}, program.planned_total, bound)
+
+
+def instruction_sources(exported: ExportResult) -> dict[int, str]:
+    """export.json's instruction index -> model line ({} for an export without them: an
+    imported program, or one made before deploykit wrote them)."""
+    try:
+        sources = json.loads(exported.report_path.read_text()).get("instruction_sources", {})
+    except (OSError, ValueError):
+        return {}
+    return {int(k): v for k, v in sources.items()}
+
+
+def locate_execute_failure(result: RunResult, exported: ExportResult) -> LocatedFailure | None:
+    """Place a run's failed execute() in the exported program and the model (the run's
+    outcome then names the instruction, operator, model line and the kernel's message)."""
+    if not result.records.execute_errors:
+        return None
+    return result.locate_execute_failure(exported.pte_path.read_bytes(),
+                                         instruction_sources(exported))
 
 
 def _reference_fallback(result: ExportResult) -> str:
@@ -518,6 +541,7 @@ def _measure(target: Target, out: Path, planned: PlannedModel,
         progress(f"running on {runner.kind} ({run_board.name}) to measure "
                  f"({run_out / 'run'})")
         result = runner.run(firmware.elf, run_out, timeout_s=timeout, check=False)
+        locate_execute_failure(result, planned.export)
         records = result.records
         memory = dict(records.memory.entries) if records.memory else {}
         hello = records.hello.fields if records.hello else None
@@ -630,6 +654,7 @@ def run_firmware(target: Target, model: str, out: Path, workspace: Path | None,
     runner = target.make_runner(workspace, progress)
     progress(f"running on {runner.kind} ({board.runner.get('machine', board.name)})")
     result = runner.run(built.firmware.elf, out, timeout_s=timeout, check=False)
+    located = locate_execute_failure(result, exported)
     outcome = result.outcome()
     records = result.records
     device_sets = _device_sets(records, exported)
@@ -679,6 +704,7 @@ def run_firmware(target: Target, model: str, out: Path, workspace: Path | None,
         memory=memory, warnings=warnings, oversized_pools=oversized,
         memory_advice=memory_advice(memory, oversized),
         mixed_precision=_mixed_precision(exported),
+        execute_failure=dataclasses.asdict(located) if located else None,
         elf=built.firmware.elf, flash_bytes=built.firmware.sizes.flash_total, cause=cause,
         log=result.console_log,
         device_outputs=[d.ravel().tolist() if d is not None else [] for d in device],

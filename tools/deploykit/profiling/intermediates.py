@@ -147,8 +147,11 @@ def compare_intermediates(
     atol: float,
     rtol: float,
     int_steps: int = 1,
+    failed_at: tuple[int, int] | None = None,
 ) -> IntermediatesReport:
-    """The device's traced operator outputs (the first input set's) against the host's."""
+    """The device's traced operator outputs (the first input set's) against the host's.
+    `failed_at`: the (chain, instruction) where the device's execute() failed; it and the
+    instructions after it did not run there, whatever the device sent for them."""
     host = run_program(pte, inputs)
     ops = host.operators
     device: dict[tuple[int, int, int], np.ndarray] = {}
@@ -160,6 +163,12 @@ def compare_intermediates(
     for (c, n), outs in sorted(host.outputs.items()):
         for k, ref in enumerate(outs):
             got = device.get((c, n, k))
+            if failed_at is not None and (c, n) >= failed_at:
+                problem = ("execute() failed here" if (c, n) == failed_at
+                           else "not run: execute() failed before it")
+                rows.append(OperatorError(c, n, ops[(c, n)], k, None, None, 0.0, False, False,
+                                          problem))
+                continue
             if got is None:
                 rows.append(
                     OperatorError(

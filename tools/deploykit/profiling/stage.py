@@ -35,6 +35,10 @@ from deploykit.readers.boards import Board
 
 if TYPE_CHECKING:
     from deploykit.pipeline.target import Target
+    from deploykit.program.export import ExportResult
+    from deploykit.readers.execute_failure import LocatedFailure
+    from deploykit.readers.protocol import RunRecords
+    from deploykit.run.runners.base import RunResult
 from deploykit.readers.trace import (
     Instruction,
     Profile,
@@ -42,7 +46,8 @@ from deploykit.readers.trace import (
     profile_from_records,
     program_instructions,
 )
-from deploykit.util.errors import ConfigError, DeployKitError, ExitCode
+from deploykit.run.runners.hang import EXECUTE_EVENT, OPERATOR_EVENTS
+from deploykit.util.errors import ConfigError, DeployKitError, ExitCode, RunError
 from deploykit.util.fsutil import write_atomic
 from deploykit.util.jsonable import to_jsonable
 
@@ -298,13 +303,18 @@ def profile_model(
     )
     runner = target.make_runner(workspace, progress)
     progress(f"running the plain firmware on {runner.kind}")
-    plain_run = runner.run(
-        plain.firmware.elf, out / "profile" / "plain", timeout_s=timeout, check=True
-    )
-    progress(f"running the profiling firmware on {runner.kind}")
-    run = runner.run(traced.firmware.elf, out / "profile", timeout_s=timeout, check=True)
     exported = traced.planned.export
     program = program_instructions(exported.pte_path.read_bytes())
+    plain_run = runner.run(
+        plain.firmware.elf, out / "profile" / "plain", timeout_s=timeout, check=False
+    )
+    if not plain_run.records.execute_errors:  # a failed execute() is profiled up to it
+        plain_run.check()
+    progress(f"running the profiling firmware on {runner.kind}")
+    run = runner.run(traced.firmware.elf, out / "profile", timeout_s=timeout, check=False)
+    if run.records.execute_errors:
+        raise failed_execute(run, exported, program)
+    run.check()
     try:
         profile = profile_from_records(run.records, program)
     except TraceError as exc:
@@ -366,6 +376,42 @@ def profile_model(
     return report
 
 
+def operators_before_failure(records: RunRecords, located: LocatedFailure | None,
+                             instructions: dict[tuple[int, int], Instruction]) -> list[str]:
+    """The operators the failed execute() call ran before its failing instruction, in order,
+    with their event-clock ticks (from the profiling firmware's events: each is sent when it
+    ends, the failing one's too)."""
+    events = records.trace_events
+    last = max((i for i, e in enumerate(events) if e.name == EXECUTE_EVENT), default=-1)
+    failed = (located.chain, located.instruction) if located is not None else None
+    lines = []
+    for e in events[last + 1:]:
+        if e.name not in OPERATOR_EVENTS or (e.chain, e.debug_handle) == failed:
+            continue
+        what = instructions.get((e.chain, e.debug_handle))
+        name = what.name if what is not None else "?"
+        lines.append(f"instruction {e.debug_handle} ({name}): {e.duration:,} ticks")
+    return lines
+
+
+def failed_execute(run: RunResult, exported: ExportResult,
+                    instructions: dict[tuple[int, int], Instruction]) -> RunError:
+    """A profiling run whose execute() failed: where (instruction, operator, model line, the
+    kernel's message), and the operators that ran before it with their times."""
+    from deploykit.pipeline.chains import locate_execute_failure
+
+    located = locate_execute_failure(run, exported)
+    outcome = run.outcome()
+    ran = operators_before_failure(run.records, located, instructions)
+    calls = sum(1 for e in run.records.trace_events if e.name == EXECUTE_EVENT) + 1
+    listing = (f"Operators that ran before it in execute() call {calls} (event clock "
+               f"{run.records.trace_clock.clock if run.records.trace_clock else '?'}):\n"
+               + "\n".join(f"  {line}" for line in ran) if ran
+               else "No operator ran before it.")
+    return RunError(f"{outcome.cause}\n{listing}", outcome.hint, exit_code=outcome.exit_code,
+                    log_path=str(run.console_log))
+
+
 @dataclass
 class DebugReport:
     board: str
@@ -373,15 +419,18 @@ class DebugReport:
     flow: str
     intermediates: IntermediatesReport
     path: Path
+    # Where the device's execute() failed (readers/execute_failure.py), None when it did not.
+    failure: str | None = None
 
     @property
     def diverged(self) -> bool:
         return self.intermediates.first_divergence is not None
 
     def text(self) -> str:
+        failed = f"on the device, {self.failure}\n" if self.failure else ""
         return (
             f"operator outputs of {self.model} ({self.flow}) on {self.board}, device vs "
-            f"host, in execution order:\n{self.intermediates.table()}\n"
+            f"host, in execution order:\n{failed}{self.intermediates.table()}\n"
             f"intermediates.json: {self.path}"
         )
 
@@ -390,6 +439,7 @@ class DebugReport:
             "board": self.board,
             "model": self.model,
             "flow": self.flow,
+            "execute_failure": self.failure,
             **self.intermediates.json(),
         }
 
@@ -428,8 +478,17 @@ def debug_intermediates(
     )
     runner = target.make_runner(workspace, progress)
     progress(f"running it on {runner.kind}")
-    run = runner.run(built.firmware.elf, out / "debug", timeout_s=timeout, check=True)
+    run = runner.run(built.firmware.elf, out / "debug", timeout_s=timeout, check=False)
     exported = built.planned.export
+    located = None
+    if run.records.execute_errors:  # compared up to the instruction that failed
+        from deploykit.pipeline.chains import locate_execute_failure
+
+        located = locate_execute_failure(run, exported)
+    else:
+        run.check()
+    failed_at = (located.chain, located.instruction) if located is not None \
+        and located.chain is not None and located.instruction is not None else None
     tolerance = exported.tolerance
     progress("running the same program on the host, operator by operator")
     try:
@@ -439,6 +498,7 @@ def debug_intermediates(
             exported.input_sets[0],
             atol=tolerance.get("atol", 0.0) if atol is None else atol,
             rtol=tolerance.get("rtol", 0.0) if rtol is None else rtol,
+            failed_at=failed_at,
         )
     except InterpretError as exc:
         raise ProfileError(
@@ -446,6 +506,7 @@ def debug_intermediates(
             "--debug-intermediates needs a program of CPU kernels.",
         ) from exc
     path = out / "debug" / "intermediates.json"
-    result = DebugReport(board.name, exported.model_name, target.flow.name, report, path)
+    result = DebugReport(board.name, exported.model_name, target.flow.name, report, path,
+                         located.text if located is not None else None)
     write_atomic(path, json.dumps(result.json(), indent=2, allow_nan=False) + "\n")
     return result

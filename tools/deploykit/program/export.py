@@ -194,6 +194,9 @@ def export(spec: ModelSpec, flow: str | Flow, out_dir: Path, cpu: str = "cortex-
                  **{f"set{k}_output_{i}": a for k, ys in enumerate(set_references)
                     for i, a in enumerate(ys)})
 
+        # Lazily: the protocol's records need numpy, which importing this module must not.
+        from deploykit.readers.execute_failure import instruction_sources
+
         report = {
             "schema_version": REPORT_SCHEMA_VERSION,
             "model": spec.name,
@@ -226,6 +229,10 @@ def export(spec: ModelSpec, flow: str | Flow, out_dir: Path, cpu: str = "cortex-
             },
             "tolerance": tolerance,
             "tolerance_source": tol_source,
+            # Instruction index -> model line, to name where a failed execute() stopped.
+            "instruction_sources": {
+                str(k): v for k, v in
+                instruction_sources(art.program_graph, pte, spec.source_path).items()},
             "export_seconds": export_seconds,
             "timings": st.timings,
             "warnings": warn,

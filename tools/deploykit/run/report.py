@@ -99,6 +99,9 @@ class RunReport:
     npu_calls: list[NpuCall] = field(default_factory=list)
     # int8 flows: the operators that ran in float (export.json's mixed_precision).
     mixed_precision: dict[str, Any] = field(default_factory=dict)
+    # Where a failed execute() stopped (readers/execute_failure.LocatedFailure's fields: the
+    # instruction, operator, model line, the kernel's call and status); None otherwise.
+    execute_failure: dict[str, Any] | None = None
     # Every decoded record of the run (for the HIL plugin); not part of the JSON report.
     records: RunRecords | None = field(default=None, repr=False, metadata={"json": False})
 

@@ -37,6 +37,7 @@ from deploykit.readers.protocol import (
     Decoder,
     DeviceError,
     Done,
+    ExecuteError,
     Hello,
     Outcome,
     Ready,
@@ -52,6 +53,7 @@ from deploykit.readers.protocol.host_frames import (
     HostEncoder,
     chunks_of,
 )
+from deploykit.readers.protocol.outcome import execute_failure_text
 from deploykit.run.report import as_host_dtype, logical_order
 from deploykit.run.validate import Tolerance, Verdict, compare_outputs
 from deploykit.util.errors import ConfigError, ExitCode, RunError
@@ -190,6 +192,7 @@ class StreamSession:
         self.chunk_bytes = chunk_bytes
         self.start_timeout_s = start_timeout_s
         self.stats = StreamStats()
+        self._placed: ExecuteError | None = None  # the last execute_error, until reported
         self.decoder = Decoder()
         self.encoder = HostEncoder()
         self.hello: Hello | None = None
@@ -380,6 +383,8 @@ class StreamSession:
             for r in records:
                 if isinstance(r, Tensor):
                     tensors[r.index] = r
+                elif isinstance(r, ExecuteError):
+                    self._placed = r  # where this sample's execute() stopped
                 elif isinstance(r, DeviceError):
                     errors.append(r)
                     resend_run |= r.code in _FRAMING  # the damaged frame may have been the run
@@ -425,7 +430,12 @@ class StreamSession:
 
     def _failure(self, k: int, code: int, errors: list[DeviceError]) -> SampleFailed:
         entry = CODES.get(code)
-        why = "; ".join(f"{label(e.code)}: {e.message}" for e in errors[-3:]) or label(code)
+        placed, self._placed = self._placed, None
+        if placed is not None:  # execute() failed: said by where it stopped (execute_error)
+            errors = [e for e in errors if not (e.code == placed.code
+                                                and e.message == "execute failed")]
+        why = "; ".join(([execute_failure_text(placed)] if placed is not None else [])
+                        + [f"{label(e.code)}: {e.message}" for e in errors[-3:]]) or label(code)
         return SampleFailed(f"sample {k} failed on {self.link.description}: {why}.",
                             entry.advice if entry else "See the device's error records.",
                             exit_code=ExitCode[entry.exit_class] if entry

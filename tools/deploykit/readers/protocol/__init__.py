@@ -31,6 +31,7 @@ from deploykit.readers.protocol.records import (
     DeviceError,
     Done,
     DoneStatus,
+    ExecuteError,
     Fault,
     Hello,
     Log,
@@ -49,7 +50,7 @@ __all__ = [
     "CFSR_BITS", "CRC_SIZE", "DEFAULT_MAX_TENSOR_BYTES", "FAULT_REGISTERS", "HEADER_SIZE",
     "HFSR_BITS", "MAGIC", "MAX_PAYLOAD", "NPU_HEAD_STRUCT", "SCALAR_TYPES", "SCALAR_TYPE_NAMES",
     "SEQ_MODULO", "UINT64_MAX", "VERSION", "DecodeStats", "Decoder", "DeviceError", "Done",
-    "DoneStatus", "Fault", "Hello", "Log", "Memory", "NpuRun", "Outcome", "Ready", "Record",
-    "RecordType", "RunRecords", "SampleDone", "Tensor", "TensorSpec", "Timing", "classify",
-    "decode",
+    "DoneStatus", "ExecuteError", "Fault", "Hello", "Log", "Memory", "NpuRun", "Outcome",
+    "Ready", "Record", "RecordType", "RunRecords", "SampleDone", "Tensor", "TensorSpec",
+    "Timing", "classify", "decode",
 ]

@@ -6,7 +6,8 @@ A run of the runner (firmware/runner/runner.cpp) sends, in order: `hello` (built
 buffer), one `tensor` record per chunk of each output of each input set (DK_PROTOCOL_CHUNK_BYTES
 data bytes per chunk), `timing`, `memory` (one entry per pool, the stack and the heap, and the
 NPU scratch on Ethos-U firmware), `done`. The margin holds what a failing run sends instead of
-the rest: an `error` or `log` record, a fault report (log + fault + done).
+the rest: an `execute_error` and an `error` record, a `log` record, a fault report (log + fault +
+done).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ TIMING_BYTES = 24
 DONE_BYTES = 8
 MEMORY_ENTRIES = ("method_pool", "planned_pool", "temp_pool", "stack", "heap", "npu_scratch")
 # What a failing run sends instead of the rest: an error record (16 + 4 + a message of at most
-# 200 B), or a fault report (two log lines of at most 80 B, fault 16 + 52, done 16 + 8): 320 B.
+# 200 B) after an execute_error record (16 + 12 + a function name of at most 32 B), or a fault
+# report (two log lines of at most 80 B, fault 16 + 52, done 16 + 8): 320 B.
 # A run that still outgrows the transcript loses nothing on the first session (dk_link.h).
 FAILURE_MARGIN = 320
 

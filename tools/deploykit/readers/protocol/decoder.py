@@ -37,6 +37,8 @@ from deploykit.readers.protocol.records import (
     DEFAULT_MAX_TENSOR_BYTES,
     DONE_STRUCT,
     EVENT_CLOCKS,
+    EXECUTE_ERROR_STRUCT,
+    EXECUTE_STEP_NONE,
     FAULT_REGISTERS,
     FAULT_STRUCT,
     HEADER_SIZE,
@@ -61,6 +63,7 @@ from deploykit.readers.protocol.records import (
     VERSION,
     DeviceError,
     Done,
+    ExecuteError,
     Fault,
     Hello,
     Log,
@@ -426,6 +429,14 @@ class Decoder:
                 raise _Malformed(f"error payload is {len(p)} bytes, needs at least 4")
             (code,) = struct.unpack_from("<I", p)
             return [DeviceError(code, p[4:].decode("utf-8", errors="replace"), seq=seq)]
+        if rtype == RecordType.EXECUTE_ERROR:
+            if len(p) < EXECUTE_ERROR_STRUCT.size:
+                raise _Malformed(f"execute_error payload is {len(p)} bytes, needs at least "
+                                 f"{EXECUTE_ERROR_STRUCT.size}")
+            code, step, status = EXECUTE_ERROR_STRUCT.unpack_from(p)
+            return [ExecuteError(code, None if step == EXECUTE_STEP_NONE else step, status,
+                                 p[EXECUTE_ERROR_STRUCT.size:].decode("utf-8", errors="replace"),
+                                 seq=seq)]
         if rtype == RecordType.FAULT:
             _exact(p, FAULT_STRUCT.size, "fault")
             return [Fault(dict(zip(FAULT_REGISTERS, FAULT_STRUCT.unpack(p), strict=True)), seq=seq)]
@@ -594,6 +605,8 @@ class RunRecords:
     timings: list[Timing] = field(default_factory=list)
     memory: Memory | None = None  # entries of all memory records merged
     errors: list[DeviceError] = field(default_factory=list)
+    # Where each failed execute() stopped (one per failure; serve firmware serves on after one).
+    execute_errors: list[ExecuteError] = field(default_factory=list)
     fault: Fault | None = None
     done: Done | None = None
     logs: list[Log] = field(default_factory=list)
@@ -634,6 +647,8 @@ class RunRecords:
             elif isinstance(r, DeviceError):
                 entry = CODES.get(r.code)
                 (run.sample_errors if entry is not None and entry.sample else pending).append(r)
+            elif isinstance(r, ExecuteError):
+                run.execute_errors.append(r)
             elif isinstance(r, Fault):
                 if run.fault is None:
                     run.fault = r
@@ -693,10 +708,11 @@ class RunRecords:
                      f"{s.dropped_records} dropped")
         return "; ".join(parts)
 
-    def outcome(self, *, timed_out: bool = False, how: str | None = None) -> Outcome:
+    def outcome(self, *, timed_out: bool = False, how: str | None = None,
+                located: str | None = None) -> Outcome:
         """Classify the run from its records alone
         (`deploykit.readers.protocol.outcome.classify`)."""
-        return classify(self, timed_out=timed_out, how=how)
+        return classify(self, timed_out=timed_out, how=how, located=located)
 
 
 def decode(data: bytes | bytearray | memoryview) -> RunRecords:

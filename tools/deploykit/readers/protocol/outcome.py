@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from deploykit.readers.protocol.error_codes import CODES, label
-from deploykit.readers.protocol.records import DoneStatus
+from deploykit.readers.protocol.records import SEQ_MODULO, DoneStatus, ExecuteError
 from deploykit.util.errors import ExitCode, RunError
 
 if TYPE_CHECKING:  # a type only: the decoder imports this module to classify its RunRecords
@@ -33,13 +33,16 @@ class Outcome:
         return RunError(self.cause, self.hint, exit_code=self.exit_code, log_path=log_path)
 
 
-def classify(run: RunRecords, *, timed_out: bool = False, how: str | None = None) -> Outcome:
+def classify(run: RunRecords, *, timed_out: bool = False, how: str | None = None,
+             located: str | None = None) -> Outcome:
     """Classify the run from the records alone (runners add exit-code checks on top).
 
     Order: nothing valid -> NO_BOOT (PROTOCOL if frames were seen but none was valid);
     fault -> FAULT; error record or done.status != 0 -> DEVICE_ERROR; no done ->
     TIMEOUT (the host gave up) or PROTOCOL (the stream ended); any decode problem ->
-    PROTOCOL. `how` says how the run ended, e.g. "QEMU exited with code 1".
+    PROTOCOL. `how` says how the run ended, e.g. "QEMU exited with code 1". `located`: where
+    a failed execute() stopped in the program and the model (readers/execute_failure.py), which
+    only a caller with the program knows; without it the execute_error record says what it can.
     """
     s = run.stats
     how = how or ("the host timed out" if timed_out else "the output ended")
@@ -59,7 +62,7 @@ def classify(run: RunRecords, *, timed_out: bool = False, how: str | None = None
         return Outcome(ExitCode.FAULT, f"The device faulted: {run.fault.describe()}.",
                        "Look up pc in the ELF: arm-none-eabi-addr2line -e <elf> <pc>.")
     if run.errors or (run.done is not None and run.done.status != 0):
-        return _device_error(run)
+        return _device_error(run, located)
     if run.done is None:
         if timed_out:
             return Outcome(ExitCode.TIMEOUT,
@@ -78,11 +81,31 @@ def classify(run: RunRecords, *, timed_out: bool = False, how: str | None = None
     return Outcome(ExitCode.OK, "done, status 0")
 
 
-def _device_error(run: RunRecords) -> Outcome:
+def execute_failure_text(failure: ExecuteError) -> str:
+    """What an execute_error record says without the program: the step and the kernel's
+    message, else the Error ("execute failed at step 3: arm_convolve_wrapper_s8 returned
+    ARM_CMSIS_NN_ARG_ERROR")."""
+    why = failure.kernel_message or label(failure.code)
+    if failure.step is None:
+        return f"execute failed before its first instruction: {why}"
+    return f"execute failed at step {failure.step}: {why}"
+
+
+def _device_error(run: RunRecords, located: str | None = None) -> Outcome:
     """An error record or a failed `done`: the codes named ("MemoryAllocationFailed (0x21)"),
     the failure class and the advice of the first code the table knows (protocol/errors.yaml);
-    DEVICE_ERROR when it knows none."""
-    msgs = "; ".join(f"{label(e.code)}: {e.message}" for e in run.errors[:3])
+    DEVICE_ERROR when it knows none. A failed execute() is named by where it stopped (its
+    execute_error record) in place of the bare "execute failed" error it comes with."""
+    parts = [f"{label(e.code)}: {e.message}" for e in run.errors[:3]]
+    # The execute_error record right before one of the run's errors (serve firmware's earlier
+    # ones belong to samples it answered, docs/protocol.md).
+    following = {(e.seq - 1) % SEQ_MODULO for e in run.errors}
+    failure = next((f for f in reversed(run.execute_errors) if f.seq in following), None)
+    if failure is not None:
+        parts = [located or execute_failure_text(failure)] + [
+            f"{label(e.code)}: {e.message}" for e in run.errors[:3]
+            if not (e.code == failure.code and e.message == "execute failed")]
+    msgs = "; ".join(parts)
     status = f"done status {run.done.status}" if run.done else "no done"
     known = [CODES[e.code] for e in run.errors if e.code in CODES]
     exit_code, hint = ExitCode.DEVICE_ERROR, "See the device's error records."

@@ -40,6 +40,8 @@ TRACE_SUMMARY_STRUCT = struct.Struct("<QQII")  # execute ticks, tracer ticks, ev
 SAMPLE_DONE_STRUCT = struct.Struct("<IIQHH")  # sample, status, ticks, run frame's seq, 0
 READY_HEAD_STRUCT = struct.Struct("<HH")  # inputs, outputs
 READY_TENSOR_STRUCT = struct.Struct("<BBI")  # dtype, ndim, nbytes; then sizes, dim order
+EXECUTE_ERROR_STRUCT = struct.Struct("<IIi")  # Error code, step, kernel status; then the call
+EXECUTE_STEP_NONE = 0xFFFF_FFFF  # execute() failed before its first instruction
 
 
 class RecordType(IntEnum):
@@ -58,6 +60,7 @@ class RecordType(IntEnum):
     TRACE_SUMMARY = 13
     SAMPLE_DONE = 14
     READY = 15
+    EXECUTE_ERROR = 16
 
 
 class DoneStatus(IntEnum):
@@ -185,6 +188,39 @@ class DeviceError:
     code: int
     message: str
     seq: int = field(default=-1, compare=False)
+
+
+# CMSIS-NN's arm_cmsis_nn_status (Include/arm_nn_types.h), the status an execute_error
+# record's kernel call returned.
+CMSIS_NN_STATUS: dict[int, str] = {
+    0: "ARM_CMSIS_NN_SUCCESS",
+    -1: "ARM_CMSIS_NN_ARG_ERROR",
+    -2: "ARM_CMSIS_NN_NO_IMPL_ERROR",
+    -3: "ARM_CMSIS_NN_FAILURE",
+}
+
+
+@dataclass
+class ExecuteError:
+    """Where a failed execute() stopped (every runner firmware, sent before its `error`
+    record): the ExecuTorch Error code, the step (the instructions execute() ran before the
+    one that failed; None when it failed before its first) and, when a kernel's library call
+    refused, that function and its status (CMSIS-NN: ARM_CMSIS_NN_*)."""
+
+    TYPE: ClassVar[RecordType] = RecordType.EXECUTE_ERROR
+    code: int
+    step: int | None
+    kernel_status: int
+    kernel_call: str  # "" when no library call refused
+    seq: int = field(default=-1, compare=False)
+
+    @property
+    def kernel_message(self) -> str | None:
+        """ "arm_convolve_wrapper_s8 returned ARM_CMSIS_NN_FAILURE", or None."""
+        if not self.kernel_call:
+            return None
+        status = CMSIS_NN_STATUS.get(self.kernel_status, f"status {self.kernel_status}")
+        return f"{self.kernel_call} returned {status}"
 
 
 @dataclass
@@ -359,5 +395,6 @@ class SampleDone:
 
 
 Record = (Hello | Tensor | Timing | Memory | DeviceError | Fault | Done | Log | NpuRun
-          | TraceClock | TraceEvent | TraceTensor | TraceSummary | Ready | SampleDone)
+          | TraceClock | TraceEvent | TraceTensor | TraceSummary | Ready | SampleDone
+          | ExecuteError)
 

@@ -21,11 +21,14 @@ import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from deploykit.readers.protocol import DecodeStats, Outcome, RunRecords
 from deploykit.run.stream import StreamLink
 from deploykit.util.errors import ConfigError, ExitCode, RunError
+
+if TYPE_CHECKING:
+    from deploykit.readers.execute_failure import LocatedFailure
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -59,6 +62,8 @@ class RunResult:
     command: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
     hang: str | None = None  # where the CPU was when the time limit expired (runners/hang.py)
+    # Where a failed execute() stopped in the program and the model (locate_execute_failure).
+    execute_failure: str | None = None
     # What emulated the CPU when the timing record's clock is an emulator's, not the board's
     # (a Linux runner under qemu-user): its ticks are no measurement of the board.
     emulated_by: str | None = None
@@ -91,7 +96,7 @@ class RunResult:
             how = f"{who} exited with code {self.exit_code}"
         else:
             how = None
-        base = rec.outcome(timed_out=self.timed_out, how=how)
+        base = rec.outcome(timed_out=self.timed_out, how=how, located=self.execute_failure)
         if base.exit_code == ExitCode.TIMEOUT and self.hang:
             base = Outcome(base.exit_code, f"{base.cause} {self.hang}.",
                            "The firmware hangs there, or needs a longer timeout.")
@@ -113,6 +118,19 @@ class RunResult:
                     f"{who} exit code {self.exit_code} disagrees with done.status {status}.",
                     "The firmware must exit with the status it reports in done.")
         return base
+
+    def locate_execute_failure(self, pte: bytes,
+                               sources: Mapping[int, str]) -> LocatedFailure | None:
+        """Place a failed execute() in the program that ran and the model (the export's
+        instruction sources; readers/execute_failure.py); the outcome then names it. None
+        when no execute() failed."""
+        from deploykit.readers.execute_failure import locate
+
+        if not self.records.execute_errors:
+            return None
+        located = locate(self.records.execute_errors[-1], pte, sources)
+        self.execute_failure = located.text
+        return located
 
     def check(self) -> RunResult:
         """Return self when the run succeeded; raise RunError (exit code per class) otherwise."""
