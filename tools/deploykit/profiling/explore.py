@@ -38,6 +38,7 @@ import webbrowser
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from deploykit.flows.base import FLOW_FILE_GLOBS
 from deploykit.util.errors import ConfigError, EnvironmentProblem
@@ -127,17 +128,21 @@ def tosa_output_names(env: ToolEnv, tosa: Path) -> dict[tuple[str, str], str]:
         "        out.append([g.id, n.id, a.get('name', '')])\n"
         "print(json.dumps(out))\n"
     )
+    rows = _adapter_rows(env, script, tosa, "TOSA adapter",
+                         "Export the model again (deploykit export): the file may be cut short.")
+    return {(g, i): name for g, i, name in rows if name}
+
+
+def _adapter_rows(env: ToolEnv, script: str, path: Path, adapter: str, fix: str) -> list[Any]:
+    """The JSON rows `script` prints (its last line) for `path`, run in the tool environment;
+    a failure names the adapter, its last message and `fix`."""
     proc = subprocess.run(
-        [str(env.python), "-c", script, str(tosa)], capture_output=True, text=True, check=False
+        [str(env.python), "-c", script, str(path)], capture_output=True, text=True, check=False
     )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise EnvironmentProblem(
-            f"The TOSA adapter could not read {tosa}: {last}",
-            "Export the model again (deploykit export): the file may be cut short.",
-        )
-    return {(g, i): name for g, i, name in json.loads(proc.stdout.strip().splitlines()[-1])
-            if name}
+        raise EnvironmentProblem(f"The {adapter} could not read {path}: {last}", fix)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def vela_estimate_values(names: Mapping[tuple[str, str], str],
@@ -176,19 +181,9 @@ def adapter_nodes(env: ToolEnv, pte: Path) -> list[AdapterNode]:
         "                        list(getattr(n, 'subgraphIds', None) or [])])\n"
         "print(json.dumps(out))\n"
     )
-    proc = subprocess.run(
-        [str(env.python), "-c", script, str(pte)], capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise EnvironmentProblem(
-            f"The PTE adapter could not read {pte}: {last}",
-            "Check that the file is an ExecuTorch program (.pte).",
-        )
-    return [
-        AdapterNode(g, i, label, kind, tuple(subs))
-        for g, i, label, kind, subs in json.loads(proc.stdout.strip().splitlines()[-1])
-    ]
+    rows = _adapter_rows(env, script, pte, "PTE adapter",
+                         "Check that the file is an ExecuTorch program (.pte).")
+    return [AdapterNode(g, i, label, kind, tuple(subs)) for g, i, label, kind, subs in rows]
 
 
 def segment_values(nodes: Iterable[AdapterNode]) -> dict[tuple[str, str], tuple[float, str]]:
