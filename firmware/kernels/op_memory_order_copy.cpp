@@ -1,19 +1,20 @@
 /*
- * op_memory_order_copy.cpp: slice_copy.Tensor_out, cat.out and _clone_dim_order.out that copy
- * in the tensors' memory order (their dim order), replacing ExecuTorch v1.4.1's portable
- * kernels for these operators in deploykit's firmware (firmware/kernels/functions.yaml).
+ * op_memory_order_copy.cpp: slice_copy.Tensor_out, cat.out, permute_copy.out and
+ * _clone_dim_order.out that copy in the tensors' memory order (their dim order), replacing
+ * ExecuTorch v1.4.1's portable kernels for these operators in deploykit's firmware
+ * (firmware/kernels/functions.yaml).
  *
  * Why: the portable slice and cat compute their copy runs from the logical dimensions, which
  * equal the memory order only for a contiguous tensor. On a channels-last (NHWC) tensor, which
  * is what the cortex_m flow's convolutions read and write, they copy the wrong bytes; and on a
  * contiguous tensor cut along its last dimension they copy one element per memcpy (about 45
- * instructions per byte on a Cortex-M). The portable dim-order copy goes through per-element
- * index arithmetic. Here:
+ * instructions per byte on a Cortex-M). The portable dim-order copy and permute go through
+ * per-element index arithmetic (and the permute assumes contiguous tensors). Here:
  *   - slice and cat: the outer dimensions (before the cut one in memory order) times one
  *     memcpy of the cut range with everything inside it (one per step when step > 1);
- *   - dim-order copy: a walk over the output in its memory order with the input's stride of
- *     the innermost output dimension, on 1/2/4/8-byte words (the bytes are copied, not
- *     converted: input and output have one dtype).
+ *   - dim-order copy and permute: a walk over the output in its memory order with the
+ *     input's stride of the innermost output dimension, on 1/2/4/8-byte words (the bytes are
+ *     copied, not converted: input and output have one dtype).
  * Argument checks and output sizes are the portable library's own (kernels/portable/cpu/util),
  * so the kernels accept and refuse exactly what the portable ones do, and give the same
  * result on every contiguous tensor.
@@ -63,15 +64,18 @@ Runs runs_around(const Tensor& t, int64_t dim) {
   return r;
 }
 
+// Copies the strided view of `in` whose logical dimension d has the stride
+// view_strides[d] (elements) into `out`, walking `out` in its memory order: the innermost
+// dimension as a run, an odometer over the others.
 template <typename WORD>
-void permute_words(const Tensor& in, Tensor& out) {
+void copy_view(const Tensor& in, const size_t* view_strides, Tensor& out) {
   const WORD* src = in.const_data_ptr<WORD>();
   WORD* dst = out.mutable_data_ptr<WORD>();
   const auto order = out.dim_order();
   const size_t ndim = order.size();
   const size_t last = order[ndim - 1];
   const size_t run = static_cast<size_t>(out.size(last));
-  const size_t run_stride = static_cast<size_t>(in.strides()[last]);
+  const size_t run_stride = view_strides[last];
   size_t index[kTensorDimensionLimit] = {};  // position in the outer dimensions, memory order
   const size_t runs = out.numel() / run;
   size_t base = 0;  // the input offset of the current run's first element
@@ -84,11 +88,31 @@ void permute_words(const Tensor& in, Tensor& out) {
     // Advance the odometer over the outer dimensions, innermost first.
     for (size_t i = ndim - 1; i-- > 0;) {
       const size_t d = order[i];
-      base += static_cast<size_t>(in.strides()[d]);
+      base += view_strides[d];
       if (++index[i] < static_cast<size_t>(out.size(d))) break;
-      base -= index[i] * static_cast<size_t>(in.strides()[d]);
+      base -= index[i] * view_strides[d];
       index[i] = 0;
     }
+  }
+}
+
+// copy_view for the element size of `in` (the bytes are moved, not converted).
+bool copy_view_bytes(const Tensor& in, const size_t* view_strides, Tensor& out) {
+  switch (bytes_per_element(in)) {
+    case 1:
+      copy_view<uint8_t>(in, view_strides, out);
+      return true;
+    case 2:
+      copy_view<uint16_t>(in, view_strides, out);
+      return true;
+    case 4:
+      copy_view<uint32_t>(in, view_strides, out);
+      return true;
+    case 8:
+      copy_view<uint64_t>(in, view_strides, out);
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -201,23 +225,37 @@ Tensor& dk_clone_dim_order_out(KernelRuntimeContext& ctx, const Tensor& self, bo
     std::memcpy(out.mutable_data_ptr(), self.const_data_ptr(), self.nbytes());
     return out;
   }
-  switch (bytes_per_element(self)) {
-    case 1:
-      permute_words<uint8_t>(self, out);
-      break;
-    case 2:
-      permute_words<uint16_t>(self, out);
-      break;
-    case 4:
-      permute_words<uint32_t>(self, out);
-      break;
-    case 8:
-      permute_words<uint64_t>(self, out);
-      break;
-    default:
-      ET_KERNEL_CHECK_MSG(ctx, false, InvalidArgument, out, "element size %d",
-                          static_cast<int>(self.element_size()));
+  size_t view_strides[kTensorDimensionLimit];
+  for (size_t d = 0; d < static_cast<size_t>(self.dim()); ++d) {
+    view_strides[d] = static_cast<size_t>(self.strides()[d]);
   }
+  ET_KERNEL_CHECK_MSG(ctx, copy_view_bytes(self, view_strides, out), InvalidArgument, out,
+                      "element size %d", static_cast<int>(self.element_size()));
+  return out;
+}
+
+Tensor& dk_permute_copy_out(KernelRuntimeContext& ctx, const Tensor& in,
+                            executorch::aten::ArrayRef<int64_t> dims, Tensor& out) {
+  ET_KERNEL_CHECK(ctx, check_permute_copy_args(in, dims, out), InvalidArgument, out);
+  ET_KERNEL_CHECK(ctx, tensors_have_same_dim_order(in, out), InvalidArgument, out);
+  Tensor::SizesType out_sizes[kTensorDimensionLimit];
+  size_t out_ndim = 0;
+  get_permute_copy_out_target_size(in, dims, out_sizes, &out_ndim);
+  ET_KERNEL_CHECK(ctx, resize_tensor(out, {out_sizes, out_ndim}) == Error::Ok,
+                  InvalidArgument, out);
+  if (in.numel() == 0) return out;
+  // Output dimension d reads input dimension dims[d].
+  size_t view_strides[kTensorDimensionLimit];
+  for (size_t d = 0; d < dims.size(); ++d) {
+    const int64_t from = dims[d] < 0 ? dims[d] + in.dim() : dims[d];
+    view_strides[d] = static_cast<size_t>(in.strides()[from]);
+  }
+  if (in.dim() == 0) {
+    std::memcpy(out.mutable_data_ptr(), in.const_data_ptr(), in.nbytes());
+    return out;
+  }
+  ET_KERNEL_CHECK_MSG(ctx, copy_view_bytes(in, view_strides, out), InvalidArgument, out,
+                      "element size %d", static_cast<int>(in.element_size()));
   return out;
 }
 

@@ -10,6 +10,7 @@ the reason. About a minute per case on 2 cores with the runtime in the cache.
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -22,7 +23,8 @@ pytestmark = [requires_toolchain, requires_cmake, requires_qemu, requires_source
 
 # Two branches joined along channels (an Inception block), the columns rolled (a cut and a
 # join along the width), every second row (a slice with a step), the channels split and
-# swapped, then a convolution that reads the result.
+# swapped, then a convolution that reads the result, and the output's rows and columns
+# swapped (a permute).
 CUTS_AND_JOINS = textwrap.dedent("""
     import torch
     from torch import nn
@@ -39,7 +41,7 @@ CUTS_AND_JOINS = textwrap.dedent("""
             y = torch.cat([y[:, :, :, 5:], y[:, :, :, :5]], dim=3)
             y = y[:, :, 1::2, :]
             y = torch.cat([y[:, 8:], y[:, :8]], dim=1)
-            return self.c(y)
+            return self.c(y).permute(0, 1, 3, 2)
 
     def model():
         torch.manual_seed(0)
@@ -97,3 +99,5 @@ def test_float_contiguous_cuts_and_joins_match_the_host(tmp_path, model_file):
     copies = _copies(tmp_path / "export" / "model.pte")
     assert len(copies) == 8
     assert all(order == (0, 1, 2, 3) for _, order in copies), copies
+    exported = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert "aten::permute_copy.out" in exported["op_list"], exported["op_list"]

@@ -59,7 +59,7 @@ def test_every_yaml_entry_is_covered():
         op = entry.get("op") or entry["func"].split("(")[0]
         assert tables.library(op if "::" in op else "aten::" + op) == "deploykit", op
     # The copies that replace portable kernels (firmware/kernels/op_memory_order_copy.cpp).
-    for op in ("aten::slice_copy.Tensor_out", "aten::cat.out",
+    for op in ("aten::slice_copy.Tensor_out", "aten::cat.out", "aten::permute_copy.out",
                "dim_order_ops::_clone_dim_order.out"):
         assert op in tables.portable and tables.library(op) == "deploykit", op
 
@@ -168,3 +168,4 @@ def test_the_codegen_yaml_registers_each_operator_once():
     assert kernels["slice_copy.Tensor_out"] == "torch::executor::dk_slice_copy_Tensor_out"
     assert kernels["add.out"] == "torch::executor::add_out"  # the portable ones stay
     assert len(ops) == len(sel.entries(portable_yaml)) + 1  # + avg_pool3d.out
+    assert kernels["permute_copy.out"] == "torch::executor::dk_permute_copy_out"
