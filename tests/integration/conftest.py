@@ -1,12 +1,25 @@
-"""Exports several integration test files share, made once per test session."""
+"""Exports several integration test files share, made once per test session; the SIGINT
+disposition the deploykit processes the tests start inherit."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A test run started in the background by a non-interactive shell (`pytest ... &` in a
+    # script) inherits SIGINT ignored, and so would every deploykit process the tests start:
+    # Python installs no KeyboardInterrupt handler then, and the tests that interrupt deploykit
+    # as Ctrl-C does (test_interrupt, test_concurrency, test_farm) would see it carry on, and
+    # end it with SIGKILL, which leaves its QEMU running. A handler set here is reset to the
+    # default in the processes this one starts; an ignored signal would stay ignored.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
