@@ -470,14 +470,27 @@ function(dk_executorch_link target)
     DK_ET_RUNTIME_KEY="${DK_ET_RUNTIME_KEY}")
   # The last kernel library call that refused (firmware/runner/kernel_status.c): the checked
   # CMSIS-NN calls the runtime's cortex_m kernels make (executorch-runtime/dk_cmsis_nn_checked.h).
-  target_sources(${target} PRIVATE ${_DK_ET_CMAKE_DIR}/../firmware/runner/kernel_status.c)
-  target_include_directories(${target} PRIVATE ${_DK_ET_CMAKE_DIR}/../firmware/runner)
-  set_source_files_properties(${_DK_ET_CMAKE_DIR}/../firmware/runner/kernel_status.c PROPERTIES
-    COMPILE_OPTIONS "${DK_WARNING_FLAGS}")
-  if(DK_SEL_CORTEX_M_OPS)
-    target_include_directories(${target} SYSTEM PRIVATE ${DK_CMSIS_NN_DIR}/Include)
-    target_compile_definitions(${target} PRIVATE DK_CMSIS_NN_STATUS=1)
+  # In `target`, or with DK_KERNEL_STATUS_ARCHIVE set (the library component, whose consumer
+  # links archives in order) in an archive of that name, to be linked after the kernel
+  # libraries that call it and before CMSIS-NN.
+  set(_dk_status_c ${_DK_ET_CMAKE_DIR}/../firmware/runner/kernel_status.c)
+  if(DK_KERNEL_STATUS_ARCHIVE)
+    add_library(${DK_KERNEL_STATUS_ARCHIVE} STATIC ${_dk_status_c})
+    target_link_libraries(${DK_KERNEL_STATUS_ARCHIVE} PRIVATE dk_et::executorch_core)
+    add_dependencies(${DK_KERNEL_STATUS_ARCHIVE} dk_et_runtime)
+    set(_dk_status_targets ${target} ${DK_KERNEL_STATUS_ARCHIVE})
+  else()
+    target_sources(${target} PRIVATE ${_dk_status_c})
+    set(_dk_status_targets ${target})
   endif()
+  set_source_files_properties(${_dk_status_c} PROPERTIES COMPILE_OPTIONS "${DK_WARNING_FLAGS}")
+  foreach(_t IN LISTS _dk_status_targets)
+    target_include_directories(${_t} PRIVATE ${_DK_ET_CMAKE_DIR}/../firmware/runner)
+    if(DK_SEL_CORTEX_M_OPS)
+      target_include_directories(${_t} SYSTEM PRIVATE ${DK_CMSIS_NN_DIR}/Include)
+      target_compile_definitions(${_t} PRIVATE DK_CMSIS_NN_STATUS=1)
+    endif()
+  endforeach()
   if(DK_LTO)
     # The whole-program step: the runtime's and the model's -flto objects are optimised
     # together at the build type's level (-Os from CMAKE_CXX_FLAGS_<CONFIG> on the link line);

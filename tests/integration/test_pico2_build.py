@@ -266,7 +266,9 @@ def test_uart_console_without_tinyusb_fitted_by_proxy(tmp_path_factory, monkeypa
     assert not any(n.startswith(("tud_", "dcd_", "tusb_")) for n in names)  # no TinyUSB
     assert "stdio_uart_out_chars" in names
     ram, code = _static_ram_and_code(fw)
-    assert ram <= 8 * 1024 and code <= 24 * 1024, (ram, code)
+    # Code without the model: 24,692 B with the execute_error record (its checked CMSIS-NN
+    # calls and encoder, +232 B; docs/failures.md).
+    assert ram <= 8 * 1024 and code <= 25 * 1024, (ram, code)
 
 
 @requires_sources
