@@ -90,3 +90,23 @@ def max_abs_diff(a: list[np.ndarray], b: list[np.ndarray]) -> list[float]:
 
 def in_steps(diffs: list[float], quant: list[QuantParams | None]) -> list[float | None]:
     return [d / q.scale if q else None for d, q in zip(diffs, quant, strict=True)]
+
+
+def call_like(graph: Any, like: Any, fake: Any, target: Any, *args: Any,
+              keep_out: tuple[str, ...] = (), **kwargs: Any) -> Any:
+    """A new call_function node of the float graph (the rewrites before quantization) with
+    `like`'s metadata (stack trace, module stack: the model line the reports and mixed
+    precision name) but for its fake value and `keep_out`, and its own fake value, computed in
+    the fake mode `fake`."""
+    import torch
+
+    node = graph.call_function(target, args, kwargs)
+    node.meta.update({k: v for k, v in like.meta.items() if k != "val" and k not in keep_out})
+
+    def val(a: Any) -> Any:
+        return a.meta["val"] if isinstance(a, torch.fx.Node) else a
+
+    vals = torch.utils._pytree.tree_map(val, (args, kwargs))
+    with fake:
+        node.meta["val"] = target(*vals[0], **vals[1])
+    return node

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deploykit.flows.common import call_like
 from deploykit.flows.mixed_precision import innermost_model_line, innermost_module
 
 # Activations the Cortex-M quantizer fuses into a preceding conv2d (quantizer_support.py).
@@ -139,23 +140,23 @@ def conv1d_as_conv2d(graph_module: Any, model_file: Path) -> Conv1dRewrite:
             if x4 is None:
                 n = batch[0] if batch else 1
                 shape = [n, c, length, 1] if tall else [n, c, 1, length]
-                x4 = _call(graph, node, fake, aten.view.default, x, shape)
-                x4 = _call(
+                x4 = call_like(graph, node, fake, aten.view.default, x, shape)
+                x4 = call_like(
                     graph, node, fake, aten.clone.default, x4, memory_format=torch.channels_last
                 )
             along = (lambda v: [v, 1]) if tall else (lambda v: [1, v])
             across = (lambda v: [v, 0]) if tall else (lambda v: [0, v])
             conv_args = (x4, weights_2d[key], bias, along(stride[0]), across(padding[0]))
-            y = _call(
+            y = call_like(
                 graph, node, fake, aten.conv2d.default, *conv_args, along(dilation[0]), groups
             )
             for f in followers:
-                y = _call(graph, f, fake, f.target, y, *f.args[1:], **f.kwargs)
+                y = call_like(graph, f, fake, f.target, y, *f.args[1:], **f.kwargs)
             y4 = y
-            y = _call(
+            y = call_like(
                 graph, last, fake, aten.clone.default, y, memory_format=torch.contiguous_format
             )
-            y = _call(graph, last, fake, aten.view.default, y, list(last.meta["val"].shape))
+            y = call_like(graph, last, fake, aten.view.default, y, list(last.meta["val"].shape))
         channels_last_of[(y, tall)] = y4
         last.replace_all_uses_with(y)
         for old in [*reversed(followers), node]:
@@ -243,23 +244,6 @@ def _fake_mode(node: Any) -> Any:
     from torch._guards import detect_fake_mode
 
     return detect_fake_mode([a.meta["val"] for a in node.all_input_nodes if "val" in a.meta])
-
-
-def _call(graph: Any, like: Any, fake: Any, target: Any, *args: Any, **kwargs: Any) -> Any:
-    """A new call_function node with `like`'s metadata (stack trace, module stack: the model
-    line the reports and mixed precision name) and its own fake value."""
-    import torch
-
-    node = graph.call_function(target, args, kwargs)
-    node.meta.update({k: v for k, v in like.meta.items() if k != "val"})
-
-    def val(a: Any) -> Any:
-        return a.meta["val"] if isinstance(a, torch.fx.Node) else a
-
-    vals = torch.utils._pytree.tree_map(val, (args, kwargs))
-    with fake:
-        node.meta["val"] = target(*vals[0], **vals[1])
-    return node
 
 
 def _weight_2d(graph_module: Any, weight: Any, fake: Any, tall: bool = False) -> Any:

@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from deploykit.flows.common import call_like
 from deploykit.util.errors import ConfigError
 
 OFF = "off"
@@ -649,20 +650,9 @@ def _fake_mode(node: Any) -> Any:
 
 
 def _call(graph: Any, like: Any, fake: Any, target: Any, *args: Any, **kwargs: Any) -> Any:
-    """A new call_function node with `like`'s metadata (stack trace, module stack) and its own
-    fake value."""
-    import torch
-
-    node = graph.call_function(target, args, kwargs)
-    node.meta.update({k: v for k, v in like.meta.items() if k not in ("val", ORIGIN_KEY)})
-
-    def val(a: Any) -> Any:
-        return a.meta["val"] if isinstance(a, torch.fx.Node) else a
-
-    vals = torch.utils._pytree.tree_map(val, (args, kwargs))
-    with fake:
-        node.meta["val"] = target(*vals[0], **vals[1])
-    return node
+    """A node made like `like` (flows/common.call_like) but for its origin, which each caller
+    sets: the node of the whole model a tile's node stands for."""
+    return call_like(graph, like, fake, target, *args, keep_out=(ORIGIN_KEY,), **kwargs)
 
 
 def tag_origins(graph_module: Any) -> None:

@@ -227,7 +227,7 @@ def _missing_blobs(repo: Path, commit: str) -> list[str]:
     return sorted(path for sha, path in blobs if sha in missing)
 
 
-def _extract(repo: Path, commit: str, dest: Path) -> list[str]:
+def extract_tree(repo: Path, commit: str, dest: Path) -> list[str]:
     """`git archive` `commit` of `repo` into `dest` (replaced atomically)."""
     missing = _missing_blobs(repo, commit)
     excludes = [f":(exclude,literal){p}" for p in missing]
@@ -436,7 +436,7 @@ def setup(workspace: Path | None = None, overrides: list[SourceOverride] | None 
             states[project.name] = old
             continue
         progress(f"{project.name}: extracting {commit[:12]} from {override.path}")
-        missing = _extract(override.path, commit, dest)
+        missing = extract_tree(override.path, commit, dest)
         if missing:
             progress(f"{project.name}: {len(missing)} file(s) absent from the local copy "
                      f"were skipped (for example {missing[0]})")
