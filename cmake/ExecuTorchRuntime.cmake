@@ -474,6 +474,9 @@ function(dk_executorch_link target)
   # links archives in order) in an archive of that name, to be linked after the kernel
   # libraries that call it and before CMSIS-NN.
   set(_dk_status_c ${_DK_ET_CMAKE_DIR}/../firmware/runner/kernel_status.c)
+  if(DK_SEL_CORTEX_M_OPS)  # and the convolutions written over their input that it runs
+    list(APPEND _dk_status_c ${_DK_ET_CMAKE_DIR}/../firmware/kernels/cmsis_nn_in_place.c)
+  endif()
   if(DK_KERNEL_STATUS_ARCHIVE)
     add_library(${DK_KERNEL_STATUS_ARCHIVE} STATIC ${_dk_status_c})
     target_link_libraries(${DK_KERNEL_STATUS_ARCHIVE} PRIVATE dk_et::executorch_core)
@@ -485,7 +488,8 @@ function(dk_executorch_link target)
   endif()
   set_source_files_properties(${_dk_status_c} PROPERTIES COMPILE_OPTIONS "${DK_WARNING_FLAGS}")
   foreach(_t IN LISTS _dk_status_targets)
-    target_include_directories(${_t} PRIVATE ${_DK_ET_CMAKE_DIR}/../firmware/runner)
+    target_include_directories(${_t} PRIVATE ${_DK_ET_CMAKE_DIR}/../firmware/runner
+                                             ${_DK_ET_CMAKE_DIR}/../firmware/kernels)
     if(DK_SEL_CORTEX_M_OPS)
       target_include_directories(${_t} SYSTEM PRIVATE ${DK_CMSIS_NN_DIR}/Include)
       target_compile_definitions(${_t} PRIVATE DK_CMSIS_NN_STATUS=1)

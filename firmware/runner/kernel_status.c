@@ -7,7 +7,9 @@
  * that the two lists agree). dk_checked_<f> calls the library's <f> and keeps its name and
  * status when it is not ARM_CMSIS_NN_SUCCESS. Each is declared with the type of the library's
  * declaration, so a signature that differs does not compile. One the model's kernels do not
- * call is removed by --gc-sections (and LTO).
+ * call is removed by --gc-sections (and LTO). A convolution whose output is its input (the
+ * export wrote it in place: tools/deploykit/flows/in_place.py) runs in bands
+ * (firmware/kernels/cmsis_nn_in_place.c); a refusal there is kept under the wrapper's name.
  */
 #include "kernel_status.h"
 
@@ -15,6 +17,7 @@ dk_kernel_failure_t dk_kernel_failure;
 
 #if DK_CMSIS_NN_STATUS /* a model with cortex_m kernels */
 #include "arm_nnfunctions.h"
+#include "cmsis_nn_in_place.h"
 
 static arm_cmsis_nn_status dk_kept(arm_cmsis_nn_status status, const char *call) {
   if (status != ARM_CMSIS_NN_SUCCESS) {
@@ -40,7 +43,7 @@ arm_cmsis_nn_status dk_checked_arm_convolve_wrapper_s8(
   const cmsis_nn_context no_scratch = {0, 0};
   ctx = &no_scratch;
 #endif
-  return dk_kept(arm_convolve_wrapper_s8(ctx, conv_params, quant_params, input_dims,
+  return dk_kept(dk_convolve_wrapper_s8(ctx, conv_params, quant_params, input_dims,
                                          input_data, filter_dims, filter_data, bias_dims,
                                          bias_data, output_dims, output_data),
                  "arm_convolve_wrapper_s8");
@@ -53,7 +56,7 @@ arm_cmsis_nn_status dk_checked_arm_depthwise_conv_wrapper_s8(
     const int8_t *input_data, const cmsis_nn_dims *filter_dims, const int8_t *filter_data,
     const cmsis_nn_dims *bias_dims, const int32_t *bias_data, const cmsis_nn_dims *output_dims,
     int8_t *output_data) {
-  return dk_kept(arm_depthwise_conv_wrapper_s8(ctx, dw_conv_params, quant_params,
+  return dk_kept(dk_depthwise_conv_wrapper_s8(ctx, dw_conv_params, quant_params,
                                                input_dims, input_data, filter_dims,
                                                filter_data, bias_dims, bias_data,
                                                output_dims, output_data),

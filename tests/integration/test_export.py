@@ -164,7 +164,8 @@ def test_int8_target_cpu_changes_the_program(tmp_path, exports):
     report = json.loads(r33.report_path.read_text())
     assert report["cortex_m_target"] == {"cpu": "cortex-m33", "cmsis_nn_backend": "DSP",
                                          "one_channel_depthwise_as_conv": 0,
-                                         "one_channel_layout_clones_removed": 0}
+                                         "one_channel_layout_clones_removed": 0,
+                                         "in_place": []}
     np.testing.assert_array_equal(r33.host_outputs[0], r55.host_outputs[0])
 
 

@@ -59,10 +59,13 @@ class ExportOptions:
                 + (f" calibration={self.calibration}" if self.calibration != "model" else "")
                 + (f" patches={self.patches}" if self.patches != "off" else ""))
 
-    def backend_config(self, copies_in_memory_order: bool = False, **kwargs: Any) -> Any:
+    def backend_config(self, copies_in_memory_order: bool = False, in_place: Any = None,
+                       **kwargs: Any) -> Any:
         """to_executorch's ExecutorchBackendConfig for these options (and `kwargs`).
         `copies_in_memory_order`: the program runs on deploykit's copy kernels, so slices and
-        joins keep their input's dim order (flows/memory_planning.py)."""
+        joins keep their input's dim order; `in_place` (a memory_planning.InPlacePlanning):
+        on deploykit's checked CMSIS-NN calls, layers write over inputs that die there
+        (flows/memory_planning.py, flows/in_place.py)."""
         from executorch.exir import ExecutorchBackendConfig
 
         from deploykit.flows.memory_planning import memory_planning_pass
@@ -70,7 +73,7 @@ class ExportOptions:
         return ExecutorchBackendConfig(
             memory_planning_pass=memory_planning_pass(
                 alloc_graph_input=self.plan_inputs,
-                copies_in_memory_order=copies_in_memory_order),
+                copies_in_memory_order=copies_in_memory_order, in_place=in_place),
             **kwargs)
 
 

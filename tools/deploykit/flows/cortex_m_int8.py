@@ -37,6 +37,7 @@ from deploykit.flows.conv1d_as_conv2d import Conv1dRewrite, conv1d_as_conv2d
 from deploykit.flows.cortex_m_float_linear import decompose_float_linear_pass
 from deploykit.flows.elementwise_lut import REPORT_KEY as LOOKUP_TABLES
 from deploykit.flows.elementwise_lut import elementwise_lookup_tables
+from deploykit.flows.memory_planning import InPlacePlanning
 from deploykit.flows.mixed_precision import (
     MAX_FALLBACKS,
     FloatChoice,
@@ -201,7 +202,11 @@ class CortexMInt8(Flow):
             # Cortex-M firmware has deploykit's copy kernels (firmware/kernels), so a slice or
             # join of a channels-last map stays channels-last (what the tiles of --patches cut
             # and join).
-            program = edge.to_executorch(options.backend_config(copies_in_memory_order=True))
+            # Its checked CMSIS-NN calls run a layer in place when output and input are one
+            # tensor (flows/in_place.py).
+            in_place = InPlacePlanning(cpu_target.backend)
+            program = edge.to_executorch(options.backend_config(copies_in_memory_order=True,
+                                                                in_place=in_place))
             pte = bytes(program.buffer)
 
         def to_device(xs: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -239,6 +244,7 @@ class CortexMInt8(Flow):
                 "cpu": cpu_target.target_string, "cmsis_nn_backend": cpu_target.backend.name,
                 "one_channel_depthwise_as_conv": one_channel_convs,
                 "one_channel_layout_clones_removed": layout_clones,
+                "in_place": [p.as_dict() for p in in_place.made],
                 **({"int8_inputs": int8_inputs, "int8_outputs": int8_outputs}
                    if options.int8_io else {})},
                 "mixed_precision": mixed,

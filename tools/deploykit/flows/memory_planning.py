@@ -17,13 +17,23 @@ before.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from deploykit.flows.in_place import InPlace, write_in_place
 
 if TYPE_CHECKING:
     import torch
     from executorch.exir.memory_planning import MemoryAlgoResult
     from executorch.exir.tensor import TensorSpec
     from torch.export import ExportGraphSignature
+
+@dataclass
+class InPlacePlanning:
+    """What in-place planning needs (the board CPU's ``cmsis_nn.Backend``), and what it made."""
+    backend: Any
+    made: list[InPlace] = field(default_factory=list)
+
 
 # ExecuTorch's greedy puts a spec without a memory id into buffer 1 (0 is reserved for
 # constants); so does this planner, so the two return plans of the same shape.
@@ -141,10 +151,12 @@ def copies_keep_dim_order(graph_module: Any) -> int:
     return changed
 
 
-def memory_planning_pass(alloc_graph_input: bool, copies_in_memory_order: bool = False) -> Any:
+def memory_planning_pass(alloc_graph_input: bool, copies_in_memory_order: bool = False,
+                         in_place: InPlacePlanning | None = None) -> Any:
     """ExecuTorch's MemoryPlanningPass with the smaller of its greedy plan and greedy_by_size;
     with `copies_in_memory_order`, slices and joins first take their input's dim order
-    (:func:`copies_keep_dim_order`)."""
+    (:func:`copies_keep_dim_order`); with `in_place`, the layers flows/in_place.py finds write
+    over their inputs (and `in_place.made` lists them after the pass)."""
     from executorch.exir.memory_planning import MemoryPlanningAlgorithmSuite, greedy
     from executorch.exir.passes import MemoryPlanningPass
 
@@ -152,6 +164,9 @@ def memory_planning_pass(alloc_graph_input: bool, copies_in_memory_order: bool =
         def run(self, graph_module: Any, graph_signature: Any = None) -> Any:
             if copies_in_memory_order:
                 copies_keep_dim_order(graph_module)
+            if in_place is not None:
+                in_place.made = write_in_place(graph_module, in_place.backend,
+                                               graph_signature)
             return super().run(graph_module, graph_signature)
 
     return _Planning(
