@@ -16,6 +16,12 @@
 
 #include "arm_nnsupportfunctions.h" /* arm_memcpy_s8: vector copies on MVE, memcpy elsewhere */
 
+/* 0: the program has no convolution in place (deploykit sets it from the .pte), and an in-place
+ * call is refused (ARM_CMSIS_NN_ARG_ERROR, in the execute_error record) rather than run. */
+#ifndef DK_CMSIS_NN_IN_PLACE
+#define DK_CMSIS_NN_IN_PLACE 1
+#endif
+
 typedef struct dk_layer {
   const void *params; /* a cmsis_nn_conv_params or a cmsis_nn_dw_conv_params */
   const cmsis_nn_per_channel_quant_params *quant;
@@ -131,6 +137,9 @@ arm_cmsis_nn_status dk_convolve_wrapper_s8(
   if ((const int8_t *)output_data != input_data) { /* the whole layer in one band */
     return dk_conv_band(&layer, ctx, 0, output_dims->h, output_data);
   }
+  if (!DK_CMSIS_NN_IN_PLACE) {
+    return ARM_CMSIS_NN_ARG_ERROR;
+  }
   return dk_run_in_bands(&layer, dk_conv_band, ctx,
                          arm_convolve_wrapper_s8_get_buffer_size(conv_params, input_dims,
                                                                  filter_dims, output_dims),
@@ -150,7 +159,7 @@ arm_cmsis_nn_status dk_depthwise_conv_wrapper_s8(
   if ((const int8_t *)output_data != input_data) { /* the whole layer in one band */
     return dk_dw_band(&layer, ctx, 0, output_dims->h, output_data);
   }
-  if (dw_conv_params->ch_mult != 1) {
+  if (!DK_CMSIS_NN_IN_PLACE || dw_conv_params->ch_mult != 1) {
     return ARM_CMSIS_NN_ARG_ERROR;
   }
   return dk_run_in_bands(&layer, dk_dw_band, ctx,

@@ -16,7 +16,13 @@ import pytest
 from deploykit.flows import in_place
 from deploykit.program.export import export
 from deploykit.program.models import load_model
-from deploykit.readers.pte_reader import load_program, method_plan, planned_buffers
+from deploykit.readers.pte_reader import (
+    in_place_convolutions,
+    in_place_definition,
+    load_program,
+    method_plan,
+    planned_buffers,
+)
 from tests.integration.test_in_place_qemu import (
     CHANNELS,
     HEIGHT,
@@ -70,6 +76,10 @@ def test_a_residual_chain_is_planned_in_place(tmp_path, cpu):
     reported = Counter(e["scratch"] for e in made if "conv2d" in e["op"])
     assert not reported - Counter(scratches), (reported, scratches)
     assert planned <= 2 * MAP_BYTES + max(e["scratch"] for e in made) + 64
+    # The firmware build reads the same from the program: its bands are linked in.
+    program = load_program(result.pte_path.read_bytes(), str(result.pte_path))
+    assert in_place_convolutions(program) == 6
+    assert in_place_definition([result.pte_path]) == {"DK_CMSIS_NN_IN_PLACE": "ON"}
 
 
 SMALL_AFTER_LARGE = """
@@ -105,6 +115,8 @@ def test_a_convolution_away_from_the_peak_stays_out_of_place(tmp_path):
     result = export(load_model(str(model_file), tmp_path), "cortex_m_int8", tmp_path / "out",
                     cpu="cortex-m55")
     assert json.loads(result.report_path.read_text())["cortex_m_target"]["in_place"] == []
+    # ... so its firmware leaves the bands' code out.
+    assert in_place_definition([result.pte_path]) == {"DK_CMSIS_NN_IN_PLACE": "OFF"}
 
 
 def test_band_rows():

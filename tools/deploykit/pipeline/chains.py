@@ -54,6 +54,7 @@ from deploykit.readers.execute_failure import LocatedFailure
 from deploykit.readers.footprint import Footprint, footprint
 from deploykit.readers.protocol import RunRecords
 from deploykit.readers.protocol.outcome import pool_too_small
+from deploykit.readers.pte_reader import in_place_definition
 from deploykit.readers.sources import check_executorch_commit, load_workspace, require_projects
 from deploykit.run.proxy import MeasureTarget, measure_target, measurement_dirs
 from deploykit.run.report import (
@@ -442,6 +443,7 @@ def build_firmware(target: Target, model: str, out: Path, workspace: Path | None
         **target.cmake_definitions(),
         **family.build_definitions(board, ws),
         **flow_definitions,
+        **in_place_definition([exported.pte_path]),
         **(variant.definitions if variant else {}),
     }
 

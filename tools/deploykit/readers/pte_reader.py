@@ -187,6 +187,34 @@ def planned_buffers(plan: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in plan.non_const_buffer_sizes[1:])
 
 
+# The convolutions deploykit's firmware runs in bands when their output is their input
+# (firmware/kernels/cmsis_nn_in_place.c; tools/deploykit/flows/in_place.py writes them).
+IN_PLACE_CONVOLUTIONS = ("cortex_m::quantized_conv2d", "cortex_m::quantized_depthwise_conv2d")
+
+
+def in_place_convolutions(program: Any) -> int:
+    """How many convolution calls of `program` write over their input: the kernel's input and
+    its out are one value (the emitter's layout: the schema's arguments, the out, what it
+    returns)."""
+    found = 0
+    for plan in program.execution_plan:
+        for chain in plan.chains:
+            for instruction in chain.instructions:
+                args = instruction.instr_args
+                if (hasattr(args, "op_index") and len(args.args) >= 3
+                        and plan.operators[args.op_index].name in IN_PLACE_CONVOLUTIONS
+                        and args.args[0] == args.args[-2]):
+                    found += 1
+    return found
+
+
+def in_place_definition(pte_paths: list[Path]) -> dict[str, str]:
+    """The firmware's DK_CMSIS_NN_IN_PLACE for these programs: OFF when none of them has a
+    convolution in place, so that the bands' code (about 1 KB) is left out of the image."""
+    found = any(in_place_convolutions(load_program(p.read_bytes(), str(p))) for p in pte_paths)
+    return {"DK_CMSIS_NN_IN_PLACE": "ON" if found else "OFF"}
+
+
 @dataclass(frozen=True)
 class PteTensor:
     dtype: str  # numpy dtype name, e.g. "float32", "int8"
