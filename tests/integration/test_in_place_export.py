@@ -17,8 +17,10 @@ from deploykit.flows import in_place
 from deploykit.program.export import export
 from deploykit.program.models import load_model
 from deploykit.readers.pte_reader import (
+    IN_PLACE_CONVOLUTIONS,
     in_place_convolutions,
     in_place_definition,
+    kernel_calls,
     load_program,
     method_plan,
     planned_buffers,
@@ -38,19 +40,12 @@ IN_PLACE_OPS = (["quantized_activation.out", "quantized_add.out"]
 
 
 def _scratch_sizes(pte) -> tuple[list[int], int]:
-    """Bytes of the scratch argument of each convolution instruction, in order, and the
-    planned bytes."""
+    """Bytes of the scratch argument of each convolution call, in order, and the planned
+    bytes."""
     program = load_program(pte.read_bytes(), str(pte))
     plan = method_plan(program, "forward", str(pte))
-    sizes = []
-    for instruction in plan.chains[0].instructions:
-        args = instruction.instr_args
-        if not hasattr(args, "op_index"):
-            continue
-        if plan.operators[args.op_index].name in ("cortex_m::quantized_conv2d",
-                                                  "cortex_m::quantized_depthwise_conv2d"):
-            scratch = plan.values[args.args[-3]].val  # (..., scratch, out, what it returns)
-            sizes.append(math.prod(scratch.sizes))
+    sizes = [math.prod(plan.values[args[-3]].val.sizes)  # (..., scratch, out, what it returns)
+             for name, args in kernel_calls(plan) if name in IN_PLACE_CONVOLUTIONS]
     return sizes, sum(planned_buffers(plan))
 
 

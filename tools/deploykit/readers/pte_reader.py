@@ -10,6 +10,7 @@ Conventions every reader of a `.pte` in deploykit shares:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -187,25 +188,27 @@ def planned_buffers(plan: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in plan.non_const_buffer_sizes[1:])
 
 
+def kernel_calls(plan: Any) -> Iterator[tuple[str, list[int]]]:
+    """(operator "name.overload", its value indices) of each KernelCall of `plan`, in order."""
+    operators = operator_names(plan)
+    for chain in plan.chains:
+        for instr in chain.instructions:
+            if type(instr.instr_args).__name__ == "KernelCall":
+                yield operators[instr.instr_args.op_index], list(instr.instr_args.args)
+
+
 # The convolutions deploykit's firmware runs in bands when their output is their input
 # (firmware/kernels/cmsis_nn_in_place.c; tools/deploykit/flows/in_place.py writes them).
-IN_PLACE_CONVOLUTIONS = ("cortex_m::quantized_conv2d", "cortex_m::quantized_depthwise_conv2d")
+IN_PLACE_CONVOLUTIONS = ("cortex_m::quantized_conv2d.out",
+                         "cortex_m::quantized_depthwise_conv2d.out")
 
 
 def in_place_convolutions(program: Any) -> int:
     """How many convolution calls of `program` write over their input: the kernel's input and
     its out are one value (the emitter's layout: the schema's arguments, the out, what it
     returns)."""
-    found = 0
-    for plan in program.execution_plan:
-        for chain in plan.chains:
-            for instruction in chain.instructions:
-                args = instruction.instr_args
-                if (hasattr(args, "op_index") and len(args.args) >= 3
-                        and plan.operators[args.op_index].name in IN_PLACE_CONVOLUTIONS
-                        and args.args[0] == args.args[-2]):
-                    found += 1
-    return found
+    return sum(1 for plan in program.execution_plan for name, args in kernel_calls(plan)
+               if name in IN_PLACE_CONVOLUTIONS and len(args) >= 3 and args[0] == args[-2])
 
 
 def in_place_definition(pte_paths: list[Path]) -> dict[str, str]:
@@ -272,11 +275,8 @@ def read_pte_info(pte: Path | bytes, method: str = "forward") -> PteInfo:
     plan = method_plan(load_program(data, source), method, source)
     operators = list(operator_names(plan))
     calls: dict[str, int] = {}
-    for chain in plan.chains:
-        for instr in chain.instructions:
-            if type(instr.instr_args).__name__ == "KernelCall":
-                name = operators[instr.instr_args.op_index]
-                calls[name] = calls.get(name, 0) + 1
+    for name, _args in kernel_calls(plan):
+        calls[name] = calls.get(name, 0) + 1
     return PteInfo(operators=operators, kernel_calls=calls,
                    inputs=[io_tensor(plan, i, source) for i in plan.inputs],
                    outputs=[io_tensor(plan, i, source) for i in plan.outputs],
