@@ -1,7 +1,9 @@
 """int8 beyond CNNs (issue #20), host side: real cortex_m_int8 exports of the GRU keyword
 model (over 8 of its 49 frames) and the pre-norm transformer block, the operator-coverage
 gate on them, the mixed-precision fallback's choice of float operators, --strict, and the
-coverage error's text. Three int8 exports (the transformer's quantized twice) and one fp32."""
+coverage error's text. The fallback is shown on a real upstream failure: the transformer
+exported with ExecuTorch's own Cortex-M pass list, without deploykit's early batch matmul.
+Five int8 exports (that one quantized twice) and one fp32."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from deploykit.flows import cortex_m_int8
 from deploykit.flows.base import NOTES_NAME, ExportOptions
 from deploykit.program.export import ExportResult, export
 from deploykit.program.models import load_model
@@ -55,6 +58,27 @@ def transformer(tmp_path_factory) -> ExportResult:
     )
 
 
+def _upstream_passes_only() -> list[type]:
+    """ExecuTorch's own Cortex-M pass list, without deploykit's early batch matmul
+    (flows/early_batch_matmul.py): its ReplaceScalarWithTensorArgPass fails on attention's
+    second bmm, a real upstream failure for the fallback to handle."""
+    from executorch.backends.cortex_m.passes.cortex_m_pass_manager import CortexMPassManager
+
+    return list(CortexMPassManager.pass_list)
+
+
+@pytest.fixture(scope="module")
+def upstream_transformer(tmp_path_factory) -> ExportResult:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cortex_m_int8, "cortex_m_pass_list", _upstream_passes_only)
+        return export(
+            load_model("transformer_block", REPO),
+            "cortex_m_int8",
+            tmp_path_factory.mktemp("upstream_transformer"),
+            cpu="cortex-m55",
+        )
+
+
 def _all_covered(ops: list[str]) -> list[str]:
     tables = kernel_tables()
     return [o for o in ops if tables.library(o) is None]
@@ -89,11 +113,43 @@ def test_gru_report_lists_the_float_matmuls_with_their_line(gru):
     ), gru.warnings
 
 
-def test_transformer_keeps_only_the_failing_bmm_in_float(transformer):
-    """ReplaceScalarWithTensorArgPass fails on attention's second bmm in ExecuTorch v1.4.1;
-    only that operator stays float; the projections and the MLP are CMSIS-NN linears, the
-    other bmm and the softmax are int8 too."""
+def test_transformer_attention_is_int8(transformer):
+    """Both of attention's matmuls are CMSIS-NN batch matmuls (the second lowered early,
+    flows/early_batch_matmul.py), the projections and the MLP CMSIS-NN linears, the softmax
+    int8: nothing with multiply-accumulates stays float, and nothing failed upstream."""
     mixed = json.loads(transformer.report_path.read_text())["mixed_precision"]
+    assert mixed["kept_in_float"] == []
+    assert mixed["float_mac_ops"] == [] and mixed["float_macs"] == 0
+    assert "upstream_failure" not in mixed
+    # qkv 16x32x96, proj 16x32x32, MLP 2 x 16x32x128, q@k^T and softmax@v 4x16x16x8 each
+    assert mixed["int8_macs"] == 16 * 32 * (96 + 32 + 2 * 128) + 2 * 4 * 16 * 16 * 8
+    assert "aten::bmm.out" not in transformer.op_list
+    for op in (
+        "cortex_m::quantized_linear.out",
+        "cortex_m::quantized_batch_matmul.out",
+        "cortex_m::softmax.out",
+    ):
+        assert op in transformer.op_list
+    assert _all_covered(transformer.op_list) == []
+    # The GELU, the scores' scale and the softmax output's requantization for the matmul are
+    # int8 table lookups (flows/elementwise_lut.py); of the float operators only the layer
+    # norms are left.
+    line = _line_of("transformer_block", "scores.softmax(dim=-1) @ v")
+    scale = _line_of("transformer_block", "scores = (q @ k.transpose(-2, -1))")
+    gelu = _line_of("transformer_block", "x = x + self.attn(self.norm1(x))") + 1
+    assert [t.split(" in ")[0] for t in mixed["lookup_tables"]] == [
+        f"mul at transformer_block.py:{scale}",
+        f"requantize at transformer_block.py:{line}",
+        f"gelu at transformer_block.py:{gelu}",
+    ]
+    assert "cortex_m::quantized_activation.out" in transformer.op_list
+    assert mixed["other_float_ops"] == ["aten::native_layer_norm"]
+
+
+def test_upstream_failure_keeps_only_the_failing_bmm_in_float(upstream_transformer):
+    """With ExecuTorch's own pass list, ReplaceScalarWithTensorArgPass fails on attention's
+    second bmm in v1.4.1; only that operator stays float; the rest is int8."""
+    mixed = json.loads(upstream_transformer.report_path.read_text())["mixed_precision"]
     line = _line_of("transformer_block", "scores.softmax(dim=-1) @ v")
     assert mixed["kept_in_float"] == [
         f"bmm at transformer_block.py:{line} in forward: y = scores.softmax(dim=-1) @ v"
@@ -101,35 +157,25 @@ def test_transformer_keeps_only_the_failing_bmm_in_float(transformer):
     assert [(e["op"], e["count"], e["macs"]) for e in mixed["float_mac_ops"]] == [
         ("aten::bmm", 1, 4 * 16 * 16 * 8)
     ]
-    # qkv 16x32x96, proj 16x32x32, MLP 2 x 16x32x128, q@k^T 4x16x16x8
     assert mixed["int8_macs"] == 16 * 32 * (96 + 32 + 2 * 128) + 4 * 16 * 16 * 8
-    for op in (
-        "cortex_m::quantized_linear.out",
-        "cortex_m::quantized_batch_matmul.out",
-        "cortex_m::softmax.out",
-    ):
-        assert op in transformer.op_list
-    assert "aten::bmm.out" in transformer.op_list
-    assert _all_covered(transformer.op_list) == []
-    # The GELU and the scores' scale are int8 table lookups (flows/elementwise_lut.py): of the
-    # float operators only the layer norms are left besides the bmm.
-    assert [t.split(" at ")[0] for t in mixed["lookup_tables"]] == ["mul", "gelu"]
-    assert "cortex_m::quantized_activation.out" in transformer.op_list
-    assert mixed["other_float_ops"] == ["aten::native_layer_norm"]
+    assert "aten::bmm.out" in upstream_transformer.op_list
+    assert "cortex_m::quantized_batch_matmul.out" in upstream_transformer.op_list
+    assert _all_covered(upstream_transformer.op_list) == []
     failure = mixed["upstream_failure"]
     assert failure["step"] == "ReplaceScalarWithTensorArgPass"
     assert failure["op"] == "aten::bmm"
 
 
-def test_transformer_upstream_failure_is_logged_once_with_a_reproduction(transformer):
-    notes = (transformer.pte_path.parent / NOTES_NAME).read_text()
+def test_upstream_failure_is_logged_once_with_a_reproduction(upstream_transformer):
+    notes = (upstream_transformer.pte_path.parent / NOTES_NAME).read_text()
     assert notes.count("pass:      ReplaceScalarWithTensorArgPass") == 1
     assert "expected scalar type torch.int8 but found torch.int32" in notes
     assert "CortexMPassManager(edge.exported_program()" in notes
     assert "transformer_block.py" in notes
 
 
-def test_strict_refuses_the_fallback(tmp_path):
+def test_strict_refuses_the_fallback(tmp_path, monkeypatch):
+    monkeypatch.setattr(cortex_m_int8, "cortex_m_pass_list", _upstream_passes_only)
     spec = load_model("transformer_block", REPO)
     with pytest.raises(ExportError) as e:
         export(

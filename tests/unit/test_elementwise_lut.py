@@ -135,6 +135,25 @@ def test_island_becomes_its_table_and_the_program_computes_the_same(name):
             assert torch.equal(before(x), after(x))
 
 
+def test_a_requantization_becomes_its_table():
+    """A softmax's fixed output qparams (1/256, -128) read by a linear that observed its own
+    range: a dequantize straight into a quantize, one table."""
+    lowered = _lowered(Between(lambda y: torch.softmax(y, dim=-1)))
+    (s_in, zp_in), (s_out, zp_out) = _qparams(lowered)
+    assert (s_in, zp_in) == (1.0 / 256, -128) and (s_out, zp_out) != (s_in, zp_in)
+    before = lowered.module()
+
+    replaced = elementwise_lookup_tables(lowered, lambda node: "here")
+    assert [t.ops for t in replaced] == [("requantize",)]
+    (table,) = _tables(lowered)
+    every_int8 = torch.arange(-128, 128, dtype=torch.int8)
+    x = QDQ.dequantize_per_tensor(every_int8, s_in, zp_in, -128, 127, torch.int8)
+    assert torch.equal(table, QDQ.quantize_per_tensor(x, s_out, zp_out, -128, 127, torch.int8))
+    after = lowered.module()
+    for x in _inputs(3, 16):
+        assert torch.equal(before(x), after(x))
+
+
 def test_a_float_value_used_outside_the_island_is_left_alone():
     class Escapes(nn.Module):
         def __init__(self):

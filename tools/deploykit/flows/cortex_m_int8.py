@@ -35,6 +35,7 @@ from deploykit.flows.cmsis_nn_checks import refusals
 from deploykit.flows.common import flatten_tensors, in_steps, max_abs_diff, parse_cpu, to_numpy
 from deploykit.flows.conv1d_as_conv2d import Conv1dRewrite, conv1d_as_conv2d
 from deploykit.flows.cortex_m_float_linear import decompose_float_linear_pass
+from deploykit.flows.early_batch_matmul import early_batch_matmul_pass
 from deploykit.flows.elementwise_lut import REPORT_KEY as LOOKUP_TABLES
 from deploykit.flows.elementwise_lut import elementwise_lookup_tables
 from deploykit.flows.memory_planning import InPlacePlanning
@@ -312,12 +313,23 @@ def _versions() -> dict[str, str]:
     return {"torch": torch.__version__, "executorch": getattr(etv, "__version__", "?")}
 
 
-def _cortex_m_passes(ep: Any, cpu_target: Any) -> tuple[Any, LoweringFailure | None]:
-    """CortexMPassManager's passes, one at a time (the same list and order), so that a
-    failing pass's node can be found in the program it was given."""
+def cortex_m_pass_list() -> list[type]:
+    """CortexMPassManager's passes (the same list and order), with the quantized batch matmuls
+    lowered right after the q/dq folding (flows/early_batch_matmul.py)."""
     from executorch.backends.cortex_m.passes.cortex_m_pass_manager import CortexMPassManager
 
-    for pass_cls in CortexMPassManager.pass_list:
+    passes = list(CortexMPassManager.pass_list)
+    folding = next(i for i, p in enumerate(passes) if p.__name__ == "FoldAndAnnotateQParamsPass")
+    passes.insert(folding + 1, early_batch_matmul_pass())
+    return passes
+
+
+def _cortex_m_passes(ep: Any, cpu_target: Any) -> tuple[Any, LoweringFailure | None]:
+    """The passes of `cortex_m_pass_list`, one at a time, so that a failing pass's node can be
+    found in the program it was given."""
+    from executorch.backends.cortex_m.passes.cortex_m_pass_manager import CortexMPassManager
+
+    for pass_cls in cortex_m_pass_list():
         try:
             ep = CortexMPassManager(ep, passes=[pass_cls], target_config=cpu_target).transform()
         except Exception as e:  # an upstream failure, whatever its type

@@ -3,7 +3,7 @@
 An operator the int8 lowering does not take (GELU, exp, erf, a scale by a constant, a model's
 own ``y * torch.sigmoid(1.702 * y)``) stays float between a dequantize and a quantize:
 
-    int8 -> dequantize -> f(x) (one or more pointwise float operators) -> quantize -> int8
+    int8 -> dequantize -> f(x) (pointwise float operators, or none) -> quantize -> int8
 
 When every operator between the two is pointwise and reads nothing but the dequantized tensor
 (and Python scalars or one-element constants, such as attention's 1/sqrt(d)), the island maps
@@ -11,7 +11,9 @@ each of the 256 int8 inputs to one int8 output. It is replaced by a 256-entry ta
 here on the host by running the island's own nodes (the same dequantize, float operators and
 quantize, with their arguments) on the 256 values: ``table[q + 128] =
 quantize(f(dequantize(q)))``, so the result is the host's dequantize -> f -> quantize, bit for
-bit. The program holds the table as a constant and calls ``cortex_m::quantized_activation``
+bit. With no operator in between, the island is a requantization from one scale to another
+(a softmax's fixed 1/256 output read by a matmul that observed its own range). The program
+holds the table as a constant and calls ``cortex_m::quantized_activation``
 (ExecuTorch's Cortex-M backend: ``out[i] = lut[in[i] + 128]``, with MVE gather and DSP loops on
 the device and a torch implementation on the host), the operator the backend itself lowers a
 standalone quantized sigmoid, tanh or SiLU to.
@@ -138,7 +140,10 @@ def _island(ep: Any, dequantize: Any) -> tuple[list[Any], list[Any]] | None:
                 order.append(user)
                 frontier.append(user)
     if not order:
-        return None
+        # A requantization: the dequantize feeds int8 quantizes of other qparams directly
+        # (a softmax's fixed 1/256 output read by a matmul that observed its own range).
+        users = list(dequantize.users)
+        return ([], users) if users and all(_is_qdq(u, "quantize") for u in users) else None
     quantizes = []
     for node in order:
         for user in node.users:
@@ -240,9 +245,13 @@ def elementwise_lookup_tables(ep: Any, source_of: Any) -> list[LookupTable]:
         island, quantizes = found
         for quantize in quantizes:
             _replace(ep, quantize, source, island_table(ep, dequantize, island, quantize))
+        # A requantization's own nodes were made by the passes, without a model line: its
+        # source's (the operator whose output it requantizes) is the one to name.
+        traced = [n for n in (*island, dequantize, source, *quantizes)
+                  if n.meta.get("stack_trace")]
         replaced.append(LookupTable(
-            ops=tuple(_op_name(n.target) for n in island),
-            source=source_of(island[0])))
+            ops=tuple(_op_name(n.target) for n in island) or ("requantize",),
+            source=source_of(traced[0] if traced else quantizes[0])))
         for node in reversed(island):
             if not node.users:
                 graph.erase_node(node)

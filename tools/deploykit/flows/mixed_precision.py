@@ -1,9 +1,10 @@
 """Automatic mixed precision for the cortex_m flow: operators the int8 lowering cannot take
 stay in float, the rest is int8, and the export says which and what share of the work.
 
-When one of the Cortex-M passes fails on a node (ExecuTorch v1.4.1's
-``ReplaceScalarWithTensorArgPass`` on the ``bmm`` of ``q @ k.transpose(-2, -1) * scale``,
-for one), the node is traced back to the model: its operator and the model line it comes
+When one of the Cortex-M passes fails on a node (ExecuTorch v1.4.1's own pass list fails in
+``ReplaceScalarWithTensorArgPass`` on attention's ``softmax(...) @ v``, which deploykit's pass
+list now lowers early, flows/early_batch_matmul.py; the fallback is for the failures not known
+yet), the node is traced back to the model: its operator and the model line it comes
 from (the node's stack trace). The quantization is then redone with that operator, at that
 line, excluded: a ``PatternQuantizer`` with no configuration placed before the Cortex-M
 quantizer's own marks its nodes as not quantized (the quantizer's per-node mechanism, as
