@@ -477,8 +477,11 @@ function(dk_executorch_link target)
   # links archives in order) in an archive of that name, to be linked after the kernel
   # libraries that call it and before CMSIS-NN.
   set(_dk_status_c ${_DK_ET_CMAKE_DIR}/../firmware/runner/kernel_status.c)
-  if(DK_SEL_CORTEX_M_OPS)  # and the convolutions written over their input that it runs
-    list(APPEND _dk_status_c ${_DK_ET_CMAKE_DIR}/../firmware/kernels/cmsis_nn_in_place.c)
+  if(DK_SEL_CORTEX_M_OPS)
+    # The convolutions written over their input that it runs, and the faster equal versions
+    # the kernels call instead of CMSIS-NN's (dk_cmsis_nn_checked.h renames the calls).
+    list(APPEND _dk_status_c ${_DK_ET_CMAKE_DIR}/../firmware/kernels/cmsis_nn_in_place.c
+                             ${_DK_ET_CMAKE_DIR}/../firmware/kernels/cmsis_nn_softmax.c)
   endif()
   if(DK_KERNEL_STATUS_ARCHIVE)
     add_library(${DK_KERNEL_STATUS_ARCHIVE} STATIC ${_dk_status_c})
