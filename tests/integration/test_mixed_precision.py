@@ -111,11 +111,14 @@ def test_transformer_keeps_only_the_failing_bmm_in_float(transformer):
         assert op in transformer.op_list
     assert "aten::bmm.out" in transformer.op_list
     assert _all_covered(transformer.op_list) == []
-    # The GELU and the scores' scale are int8 table lookups (flows/elementwise_lut.py): of the
-    # float operators only the layer norms are left besides the bmm.
+    # The GELU and the scores' scale are int8 table lookups (flows/elementwise_lut.py) and the
+    # layer norms deploykit's int8 operator (flows/layer_norm_int8.py): no float operator is
+    # left besides the bmm.
     assert [t.split(" at ")[0] for t in mixed["lookup_tables"]] == ["mul", "gelu"]
     assert "cortex_m::quantized_activation.out" in transformer.op_list
-    assert mixed["other_float_ops"] == ["aten::native_layer_norm"]
+    assert len(mixed["int8_layer_norms"]) == 2
+    assert "deploykit::quantized_layer_norm.out" in transformer.op_list
+    assert mixed["other_float_ops"] == []
     failure = mixed["upstream_failure"]
     assert failure["step"] == "ReplaceScalarWithTensorArgPass"
     assert failure["op"] == "aten::bmm"

@@ -65,7 +65,7 @@ def describe(report: dict[str, Any]) -> list[str]:
     return [f"elementwise functions as int8 tables: {len(tables)} ({', '.join(shown)})"]
 
 
-def _is_qdq(node: Any, kind: str) -> bool:
+def is_int8_qdq(node: Any, kind: str) -> bool:
     """A per-tensor quantize ("quantize") or dequantize ("dequantize") of int8 over the full
     range, with one scale and one zero point."""
     import torch
@@ -144,7 +144,7 @@ def _island(ep: Any, dequantize: Any) -> tuple[list[Any], list[Any]] | None:
         for user in node.users:
             if user in members:
                 continue
-            if not _is_qdq(user, "quantize"):
+            if not is_int8_qdq(user, "quantize"):
                 return None  # the float value is needed elsewhere: not a function of int8
             quantizes.append(user)
     if not quantizes:
@@ -229,7 +229,7 @@ def elementwise_lookup_tables(ep: Any, source_of: Any) -> list[LookupTable]:
 
     graph = ep.graph_module.graph
     replaced: list[LookupTable] = []
-    for dequantize in [n for n in graph.nodes if _is_qdq(n, "dequantize")]:
+    for dequantize in [n for n in graph.nodes if is_int8_qdq(n, "dequantize")]:
         source = dequantize.args[0]
         val = getattr(source, "meta", {}).get("val")
         if val is None or val.dtype != torch.int8:
