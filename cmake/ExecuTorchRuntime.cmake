@@ -409,6 +409,11 @@ function(dk_executorch_link target)
         list(APPEND _dk_srcs ${_dk_kernels_dir}/${_f})
       endforeach()
       add_library(dk_kernels STATIC ${_dk_srcs})
+      # The int8 LayerNorm's float32 steps must round as the host reference's do (no fused
+      # multiply-add), whatever DK_ET_FP_CONTRACT the profile gives the rest: a source option
+      # comes after the target's, so it wins. -fno-math-errno: sqrtf as one instruction.
+      set_source_files_properties(${_dk_kernels_dir}/op_quantized_layer_norm.cpp
+                                  PROPERTIES COMPILE_OPTIONS "-ffp-contract=off;-fno-math-errno")
       target_link_libraries(dk_kernels PUBLIC dk_et::kernels_util_all_deps dk_et::executorch_core)
       target_compile_options(dk_kernels PRIVATE ${DK_WARNING_FLAGS} ${DK_ET_KERNEL_OPT})
       add_dependencies(dk_kernels dk_et_runtime)

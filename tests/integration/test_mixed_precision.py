@@ -132,8 +132,8 @@ def test_transformer_attention_is_int8(transformer):
         assert op in transformer.op_list
     assert _all_covered(transformer.op_list) == []
     # The GELU, the scores' scale and the softmax output's requantization for the matmul are
-    # int8 table lookups (flows/elementwise_lut.py); of the float operators only the layer
-    # norms are left.
+    # int8 table lookups (flows/elementwise_lut.py), the layer norms deploykit's int8 operator
+    # (flows/layer_norm_int8.py): no float operator is left.
     line = _line_of("transformer_block", "scores.softmax(dim=-1) @ v")
     scale = _line_of("transformer_block", "scores = (q @ k.transpose(-2, -1))")
     gelu = _line_of("transformer_block", "x = x + self.attn(self.norm1(x))") + 1
@@ -143,7 +143,9 @@ def test_transformer_attention_is_int8(transformer):
         f"gelu at transformer_block.py:{gelu}",
     ]
     assert "cortex_m::quantized_activation.out" in transformer.op_list
-    assert mixed["other_float_ops"] == ["aten::native_layer_norm"]
+    assert len(mixed["int8_layer_norms"]) == 2
+    assert "deploykit::quantized_layer_norm.out" in transformer.op_list
+    assert mixed["other_float_ops"] == []
 
 
 def test_upstream_failure_keeps_only_the_failing_bmm_in_float(upstream_transformer):

@@ -36,6 +36,7 @@ def test_tables_classify_as_the_cmake_build_does():
     tables = kernel_tables()
     assert tables.library("aten::addmm.out") == "portable"
     assert tables.library("aten::avg_pool3d.out") == "deploykit"  # firmware/kernels
+    assert tables.library("deploykit::quantized_layer_norm.out") == "deploykit"  # non-aten
     assert tables.library("cortex_m::quantized_linear.out") == "cortex_m"
     assert tables.library("executorch_prim::add.Scalar") == "prim"
     # The two operators of issue #20: no kernel in ExecuTorch v1.4.1's libraries.
@@ -167,5 +168,8 @@ def test_the_codegen_yaml_registers_each_operator_once():
     assert kernels["cat.out"] == "torch::executor::dk_cat_out"
     assert kernels["slice_copy.Tensor_out"] == "torch::executor::dk_slice_copy_Tensor_out"
     assert kernels["add.out"] == "torch::executor::add_out"  # the portable ones stay
-    assert len(ops) == len(sel.entries(portable_yaml)) + 1  # + avg_pool3d.out
+    # + avg_pool3d.out and deploykit's own int8 LayerNorm
+    assert len(ops) == len(sel.entries(portable_yaml)) + 2
+    assert kernels["deploykit::quantized_layer_norm.out"] == \
+        "torch::executor::dk_quantized_layer_norm_out"
     assert kernels["permute_copy.out"] == "torch::executor::dk_permute_copy_out"

@@ -6,8 +6,9 @@ torch.export -> ``to_edge_transform_and_lower`` with the Cortex-M edge config of
 ``backends/cortex_m/test/tester.py`` -> the passes of ``CortexMPassManager`` for the board CPU
 (``CortexMTargetConfig``: MVE/DSP/scalar CMSIS-NN paths take differently laid-out constants,
 so the ``.pte`` is CPU-specific); where they fail, the failing operator is kept in float and
-the whole is redone (flows/mixed_precision.py) -> elementwise float islands to int8 table
-lookups (flows/elementwise_lut.py) -> float linears to ``addmm``
+the whole is redone (flows/mixed_precision.py) -> LayerNorm float islands to
+``deploykit::quantized_layer_norm`` (flows/layer_norm_int8.py) -> elementwise float islands to
+int8 table lookups (flows/elementwise_lut.py) -> float linears to ``addmm``
 (flows/cortex_m_float_linear.py) -> ``to_executorch``. 4-D float inputs are made
 channels-last (the CMSIS-NN kernels are NHWC), so such an input's bytes are NHWC on the
 device: see ``input_dim_orders`` / ``export.memory_order_bytes``. The ``.pte`` cannot run on
@@ -38,6 +39,8 @@ from deploykit.flows.cortex_m_float_linear import decompose_float_linear_pass
 from deploykit.flows.early_batch_matmul import early_batch_matmul_pass
 from deploykit.flows.elementwise_lut import REPORT_KEY as LOOKUP_TABLES
 from deploykit.flows.elementwise_lut import elementwise_lookup_tables
+from deploykit.flows.layer_norm_int8 import REPORT_KEY as INT8_LAYER_NORMS
+from deploykit.flows.layer_norm_int8 import int8_layer_norms
 from deploykit.flows.memory_planning import InPlacePlanning
 from deploykit.flows.mixed_precision import (
     MAX_FALLBACKS,
@@ -68,6 +71,9 @@ if TYPE_CHECKING:
 # The cortex_m ops' own Python reference (integer arithmetic modelled on CMSIS-NN) run on the
 # lowered graph: what the device computes, where PT2E's float simulation drifts by rounding.
 CORTEX_M_REFERENCE_KIND = "cortex_m-integer-reference"
+# The int8 operators of the flow's programs: the Cortex-M backend's (CMSIS-NN) and deploykit's
+# own (flows/deploykit_ops.py, firmware/kernels).
+INT8_NAMESPACES = ("cortex_m::", "deploykit::")
 
 
 class CortexMInt8(Flow):
@@ -163,10 +169,14 @@ class CortexMInt8(Flow):
         if tiler is not None:
             with st.step("patches: one placeholder per constant the tiles share"):
                 patches_report["shared_constants"] = share_constants(lowered)
+
+        def source_of(node: Any) -> str:
+            return model_line(node.meta.get("stack_trace") or "", spec.source_path) or "?"
+
+        with st.step("LayerNorm float islands to int8 layer norms"):
+            layer_norms = int8_layer_norms(lowered, source_of)
         with st.step("elementwise float islands to int8 table lookups"):
-            tables = elementwise_lookup_tables(
-                lowered, lambda node: model_line(node.meta.get("stack_trace") or "",
-                                                 spec.source_path) or "?")
+            tables = elementwise_lookup_tables(lowered, source_of)
         with st.step("float linears to addmm"):
             lowered = _transform(lowered, decompose_float_linear_pass())
             if options.fold_constants:
@@ -179,6 +189,7 @@ class CortexMInt8(Flow):
             mixed["kept_in_float"] = [c.describe() for c in excluded]
             mixed.update(conv1d.report())
             mixed[LOOKUP_TABLES] = [t.describe() for t in tables]
+            mixed[INT8_LAYER_NORMS] = [n.describe() for n in layer_norms]
             if upstream is not None:
                 mixed["upstream_failure"] = dataclasses.asdict(upstream)
         with st.step("cortex_m dialect check"):
@@ -260,17 +271,18 @@ class CortexMInt8(Flow):
     def check_program(self, model: str, op_list: list[str], info: PteInfo,
                       options: ExportOptions) -> list[str]:
         warn = []
-        rest = [o for o in op_list if not o.startswith("cortex_m::")]
+        rest = [o for o in op_list if not o.startswith(INT8_NAMESPACES)]
         if rest:
-            warn.append("Not all operators were lowered to cortex_m; these run as portable "
-                        f"kernels (the firmware must include them): {', '.join(rest)}.")
+            warn.append("Not all operators were lowered to cortex_m (or deploykit's int8 "
+                        "operators); these run as portable kernels (the firmware must include "
+                        f"them): {', '.join(rest)}.")
         if not any(o.startswith("cortex_m::quantized_") for o in op_list):
             warn.append("No cortex_m::quantized_* operator: nothing runs in int8 CMSIS-NN "
                         "kernels. Check that the model uses supported layers.")
         return warn
 
     def program_report(self, op_list: list[str]) -> dict[str, Any]:
-        return {"non_cortex_m_ops": [o for o in op_list if not o.startswith("cortex_m::")]}
+        return {"non_cortex_m_ops": [o for o in op_list if not o.startswith(INT8_NAMESPACES)]}
 
 
 def _contiguous(t: Any) -> Any:

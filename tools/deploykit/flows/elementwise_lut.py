@@ -67,7 +67,7 @@ def describe(report: dict[str, Any]) -> list[str]:
     return [f"elementwise functions as int8 tables: {len(tables)} ({', '.join(shown)})"]
 
 
-def _is_qdq(node: Any, kind: str) -> bool:
+def is_int8_qdq(node: Any, kind: str) -> bool:
     """A per-tensor quantize ("quantize") or dequantize ("dequantize") of int8 over the full
     range, with one scale and one zero point."""
     import torch
@@ -143,13 +143,13 @@ def _island(ep: Any, dequantize: Any) -> tuple[list[Any], list[Any]] | None:
         # A requantization: the dequantize feeds int8 quantizes of other qparams directly
         # (a softmax's fixed 1/256 output read by a matmul that observed its own range).
         users = list(dequantize.users)
-        return ([], users) if users and all(_is_qdq(u, "quantize") for u in users) else None
+        return ([], users) if users and all(is_int8_qdq(u, "quantize") for u in users) else None
     quantizes = []
     for node in order:
         for user in node.users:
             if user in members:
                 continue
-            if not _is_qdq(user, "quantize"):
+            if not is_int8_qdq(user, "quantize"):
                 return None  # the float value is needed elsewhere: not a function of int8
             quantizes.append(user)
     if not quantizes:
@@ -234,7 +234,7 @@ def elementwise_lookup_tables(ep: Any, source_of: Any) -> list[LookupTable]:
 
     graph = ep.graph_module.graph
     replaced: list[LookupTable] = []
-    for dequantize in [n for n in graph.nodes if _is_qdq(n, "dequantize")]:
+    for dequantize in [n for n in graph.nodes if is_int8_qdq(n, "dequantize")]:
         source = dequantize.args[0]
         val = getattr(source, "meta", {}).get("val")
         if val is None or val.dtype != torch.int8:

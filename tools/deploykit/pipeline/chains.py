@@ -33,6 +33,7 @@ from deploykit.build.render import ModelSources, render_board_files, render_mode
 from deploykit.flows.base import ExportTarget, Flow
 from deploykit.flows.conv1d_as_conv2d import describe as describe_conv1d
 from deploykit.flows.elementwise_lut import describe as describe_lookup_tables
+from deploykit.flows.layer_norm_int8 import describe as describe_int8_layer_norms
 from deploykit.flows.patches import describe as describe_patches
 from deploykit.memory import fit as fitting
 from deploykit.memory.plan import MemoryPlan, Sizing, plan_memory
@@ -302,6 +303,7 @@ def describe_export(result: ExportResult) -> str:
              f"{result.eager_max_abs_diff:.3g}"]
     lines += [f"  {line}" for line in describe_conv1d(_mixed_precision(result))]
     lines += [f"  {line}" for line in describe_lookup_tables(_mixed_precision(result))]
+    lines += [f"  {line}" for line in describe_int8_layer_norms(_mixed_precision(result))]
     lines += [f"  {line}" for line in patches_notes(inspect_pte(result.pte_path))]
     lines += [f"  warning: {w}" for w in result.warnings]
     return "\n".join(lines)

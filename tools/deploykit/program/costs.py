@@ -10,7 +10,8 @@ lower bound, and the operators that fall back outside the flow's target kernels.
   (from the first instruction that names a tensor to the last one), with scratch buffers.
   No memory plan can use less than this, so `planned / lower bound` measures the planner.
 - **Fallbacks and islands.** The target kernels of an int8 program are the `cortex_m::` ones
-  (CMSIS-NN, and the quantize/dequantize ops) and delegate calls; any other kernel
+  (CMSIS-NN, and the quantize/dequantize ops), deploykit's own int8 operators (`deploykit::`,
+  such as its int8 LayerNorm: flows/deploykit_ops.py) and delegate calls; any other kernel
   (`aten::` portable kernels, dim-order copies) is a fallback. A run of consecutive fallback
   kernels, with the dequantize before it and the quantize after it, is an *island*; a float
   island computes in float between the two. An island of int8 dim-order copies alone is a
@@ -32,7 +33,7 @@ QDQ_KERNELS = (
     "quantized_decomposed::quantize_per_tensor",
     "quantized_decomposed::dequantize_per_tensor",
 )
-TARGET_NAMESPACE = "cortex_m::"
+TARGET_NAMESPACES = ("cortex_m::", "deploykit::")
 LAYOUT_COPY_NAMESPACE = "dim_order_ops::"
 _ITEM_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 11: 1, 15: 2}
 _FLOAT_TYPES = {5, 6, 7, 15}  # half, float, double, bfloat16
@@ -126,12 +127,12 @@ def program_costs(plan: Any, operators: tuple[str, ...]) -> ProgramCosts:
                 )
     macs = sum(kernel_macs(plan, op, args) for op, args in calls if not op.startswith("delegate "))
     bound, at = _live_peak(plan, calls)
-    has_target = bool(plan.delegates) or any(op.startswith(TARGET_NAMESPACE) for op, _ in calls)
+    has_target = bool(plan.delegates) or any(op.startswith(TARGET_NAMESPACES) for op, _ in calls)
     fallback = [
         i
         for i, (op, _) in enumerate(calls)
         if has_target
-        and not op.startswith(("delegate ", TARGET_NAMESPACE))
+        and not op.startswith(("delegate ", *TARGET_NAMESPACES))
         and _short(op) not in QDQ_KERNELS
     ]
     seen: dict[str, None] = {calls[i][0]: None for i in fallback}

@@ -58,6 +58,7 @@ _REGISTRARS = {
     "cortex_m": "executorch.backends.cortex_m.passes.cortex_m_pass_manager",
     "quantized_decomposed": "torchao.quantization.pt2e.quantize_pt2e",
     "dim_order_ops": "executorch.exir.passes.dim_order_ops_registry",
+    "deploykit": "deploykit.flows.deploykit_ops",
 }
 _DTYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16",
            6: "float32", 7: "float64", 11: "bool", 15: "bfloat16"}

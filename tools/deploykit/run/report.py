@@ -16,6 +16,7 @@ import numpy as np
 
 from deploykit.flows.conv1d_as_conv2d import describe as describe_conv1d
 from deploykit.flows.elementwise_lut import describe as describe_lookup_tables
+from deploykit.flows.layer_norm_int8 import describe as describe_int8_layer_norms
 from deploykit.flows.mixed_precision import describe_float
 from deploykit.program.inspect import ProgramInfo
 from deploykit.readers.protocol import RunRecords
@@ -129,6 +130,7 @@ class RunReport:
             lines.append("  reference: none; the outputs below were not compared with anything")
         lines += [f"  {line}" for line in describe_conv1d(self.mixed_precision)]
         lines += [f"  {line}" for line in describe_lookup_tables(self.mixed_precision)]
+        lines += [f"  {line}" for line in describe_int8_layer_norms(self.mixed_precision)]
         lines += [f"  {line}" for line in describe_float(self.mixed_precision)]
         if self.input_sets and self.input_sets.count > 1:
             lines.append(f"  {self.input_sets.describe()}")
