@@ -99,9 +99,13 @@ def deploykit(args: list[str], cwd: Path, kill_after: float | None = None,
     or as soon as `kill_when` exists (looked for every 5 ms)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tools"), str(ROOT)]),
            "CI": "1"}  # plain progress lines, one per step
+    # Killed when a file appears: the child runs at the lowest priority, so that on a busy
+    # machine this poller still wakes within its 5 ms, before the child has written on (the
+    # export writes its key a few milliseconds after its program).
     proc = subprocess.Popen([sys.executable, "-m", "deploykit", *args], cwd=cwd, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=(lambda: os.nice(19)) if kill_when else None)
     assert proc.stderr is not None
     fd = proc.stderr.fileno()
     started, lines, buffer = time.monotonic(), [], b""
