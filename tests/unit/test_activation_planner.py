@@ -1,15 +1,17 @@
-"""The greedy-by-size activation planner (flows/memory_planning.py), on ExecuTorch's own
-TensorSpec objects and through ExecuTorch's MemoryPlanningPass on a real exported graph."""
+"""The greedy-by-size and greedy-by-death activation planners (flows/memory_planning.py), on
+ExecuTorch's own TensorSpec objects and through ExecuTorch's MemoryPlanningPass on a real
+exported graph."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 from executorch.exir.memory_planning import greedy
 from executorch.exir.tensor import TensorSpec
 
-from deploykit.flows.memory_planning import greedy_by_size
+from deploykit.flows.memory_planning import greedy_by_death, greedy_by_size
 
 ALIGN = 16
 EMPTY_GRAPH = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
@@ -62,14 +64,29 @@ def test_a_chain_where_executorch_greedy_fragments_is_planned_at_its_bound():
     assert greedy_total == 176
 
 
-def test_plans_are_valid_on_random_lifetimes():
+def test_where_largest_first_leaves_a_hole_death_order_plans_at_the_bound():
+    """Two tensors that die together at step 5 (48 B from step 2, 32 B from step 4), one that
+    outlives them (48 B, steps 5 to 8) and a 64 B one at step 6 alone. Largest first puts the
+    64 at 0, the long-lived 48 above it at 64, and the 32 can only go above that: 144 B. In the
+    order they die, the 48 and the 32 take the bottom, the long-lived 48 goes above them: the
+    128 B live at step 5."""
+    tensors = [(48, 5, 8), (32, 4, 5), (64, 6, 6), (48, 2, 5)]
+    by_size, _ = _plan(greedy_by_size, tensors)
+    by_death, placed = _plan(greedy_by_death, tensors)
+    _assert_valid(placed, by_death)
+    assert by_death == _live_bound(tensors) == 128
+    assert by_size == 144
+
+
+@pytest.mark.parametrize("algo", [greedy_by_size, greedy_by_death])
+def test_plans_are_valid_on_random_lifetimes(algo):
     rng = random.Random(15)
     for _ in range(200):
         tensors = []
         for _ in range(rng.randint(1, 12)):
             first = rng.randint(0, 10)
             tensors.append((rng.randint(1, 300), first, first + rng.randint(0, 4)))
-        total, placed = _plan(greedy_by_size, tensors)
+        total, placed = _plan(algo, tensors)
         _assert_valid(placed, total)
         assert total >= _live_bound(tensors)
 

@@ -266,8 +266,7 @@ def test_more_tiles_cost_more_method_pool_and_the_report_says_so():
     graph_module = _graph(module, torch.randn(1, 3, 4 * size, 4 * size))
     stages = find_stages(graph_module)
     stage = stages.stage(stages.splits[-1])
-    tiler = Tiler(AUTO, quantized=True, plan_inputs=False, int8_inputs=True,
-                  channels_last=True)
+    tiler = Tiler(AUTO, quantized=True, plan_inputs=False, int8_inputs=True)
     growth = [tiler.method_growth(plan_patches(stage, grid)) for grid in [(1, 2), (2, 2),
                                                                           (3, 3)]]
     assert 0 < growth[0] < growth[1] < growth[2]

@@ -117,21 +117,16 @@ class CortexMInt8(Flow):
         upstream: UpstreamFailure | None = None
         conv1d = Conv1dRewrite((), ())
         tiler = None
-        untiled_inputs = None
         patches_report: dict[str, Any] = {}
         if options.patches != OFF:
             tiler = Tiler(options.patches, quantized=True, plan_inputs=options.plan_inputs,
-                          int8_inputs=options.int8_io, channels_last=True)
+                          int8_inputs=options.int8_io)
             with st.step("patches (the grid and the split)"):
                 probe = torch.export.export(spec.module, inputs).module(check_guards=False)
                 plan = tiler.choose(probe)
                 patches_report = tiler.report
                 if plan is None:
                     tiler = None  # left unpatched: the program is the one without patches
-                else:
-                    # The tiles cut the input where its memory order is its logical order.
-                    nhwc = _contiguous
-                    untiled_inputs, inputs = inputs, tuple(t.contiguous() for t in inputs)
 
         def conv1d_rewrite(graph_module: Any) -> None:
             # CMSIS-NN has no 1-D convolution: each Conv1d becomes a Conv2d of height 1.
@@ -142,7 +137,7 @@ class CortexMInt8(Flow):
             quantizer = excluding(CortexMQuantizer(), excluded, spec.source_path)
             converted, reference, eager = quantize_pt2e(
                 spec, st, inputs, calibration, quantizer, conv1d_rewrite,
-                tiler.rewrite if tiler is not None else None, untiled_inputs)
+                tiler.rewrite if tiler is not None else None)
             with st.step("torch.export (quantized)"):
                 qep = torch.export.export(converted, inputs)
             with st.step("to_edge_transform_and_lower"):
@@ -283,10 +278,6 @@ class CortexMInt8(Flow):
 
     def program_report(self, op_list: list[str]) -> dict[str, Any]:
         return {"non_cortex_m_ops": [o for o in op_list if not o.startswith(INT8_NAMESPACES)]}
-
-
-def _contiguous(t: Any) -> Any:
-    return t.clone().contiguous()
 
 
 def _target_config(cpu: str) -> Any:

@@ -508,24 +508,16 @@ def plan_patches(stage: Stage, grid: tuple[int, int]) -> PatchPlan:
 
 # ---- the rewrite ----
 
-def apply_patches(graph_module: Any, plan: PatchPlan, channels_last: bool = False) -> None:
+def apply_patches(graph_module: Any, plan: PatchPlan) -> None:
     """Replace the stage of `graph_module` by its tiles (module docstring), in place.
 
-    `channels_last`: the stage computes on channels-last (NHWC) tensors, as the CMSIS-NN
-    kernels do. The input (which the flow keeps contiguous) is cut as it is and each tile made
-    channels-last (one layout copy per tile); the tiles' outputs are cut and joined as they
-    are, channels-last: deploykit's slice and cat kernels copy in memory order
-    (firmware/kernels/op_memory_order_copy.cpp), where ExecuTorch's portable ones would need
-    each tile made contiguous and the joined map channels-last again."""
+    The input and the tiles are cut and joined in the layout the stage computes in
+    (channels-last in the cortex_m flow, whose input is given channels-last):
+    deploykit's slice and cat kernels copy in memory order
+    (firmware/kernels/op_memory_order_copy.cpp), so no tile needs a layout copy."""
     import torch
 
     aten = torch.ops.aten
-
-    def channels_last_copy(node: Any, like: Any) -> Any:
-        if not channels_last:
-            return node
-        return _part(graph, like, fake, aten.clone.default, node,
-                     memory_format=torch.channels_last)
 
     graph = graph_module.graph
     stage = plan.stage
@@ -543,7 +535,7 @@ def apply_patches(graph_module: Any, plan: PatchPlan, channels_last: bool = Fals
                 tile_in = _crop(graph, stage.input, fake, rows_in, 3, *plan.cols.inputs[c],
                                 width)
                 env: dict[Any, Any] = {
-                    stage.input: channels_last_copy(tile_in, stage.input)}
+                    stage.input: tile_in}
                 for s in stage.nodes:
                     env[s.node] = _copy(graph, s, env, fake, plan.rows.spans[r],
                                         plan.cols.spans[c], r * len(plan.cols.outputs) + c)
@@ -807,7 +799,7 @@ class _Live:
 def estimate_peak(graph_module: Any, element: Callable[[Any], int],
                   plan: PatchPlan | None = None,
                   fused: Callable[[Any], bool] = lambda n: False,
-                  channels_last: bool = False) -> int:
+                  ) -> int:
     """The most activation bytes live at once when the graph runs layer by layer (`plan`:
     with its stage run in tiles). `element(node)`: bytes per value of a node's output (for
     the input: what the program keeps of it, its planned copy and its int8 copy; 0 for an
@@ -827,7 +819,7 @@ def estimate_peak(graph_module: Any, element: Callable[[Any], int],
     for i, n in enumerate(nodes):
         if n in stage_nodes and n is not plan.stage.input:
             if n is plan.stage.split.node:
-                sizes[n] = _tiled_stage(plan, element, live, size_of(n), fused, channels_last)
+                sizes[n] = _tiled_stage(plan, element, live, size_of(n), fused)
                 live.free(sizes[plan.stage.input])  # its last reader was a slice of a tile
             continue
         sizes[n] = size_of(n)
@@ -842,7 +834,7 @@ def estimate_peak(graph_module: Any, element: Callable[[Any], int],
 
 
 def _tiled_stage(plan: PatchPlan, element: Callable[[Any], int], live: _Live,
-                 whole: int, fused: Callable[[Any], bool], channels_last: bool) -> int:
+                 whole: int, fused: Callable[[Any], bool]) -> int:
     """Walk the tiled stage through `live`; leaves the split's whole output live."""
     stage = plan.stage
     order = [stage.input, *(s.node for s in stage.nodes)]
@@ -858,38 +850,40 @@ def _tiled_stage(plan: PatchPlan, element: Callable[[Any], int], live: _Live,
     strips = []
     for r, (rlo, rhi) in enumerate(plan.rows.outputs):
         a, b = plan.rows.inputs[r]
+        # The row of tiles' slice of the input (none for all rows): with several columns the
+        # tiles cut theirs from it, and it lives until the last one has; a single column's
+        # tile reads it as it is, until its first layer has.
         rows_in = 0 if (a, b) == (0, height) else tile_bytes(stage.input, b - a, width)
-        live.make(rows_in)
+        shared = len(plan.cols.outputs) > 1
+        if shared:
+            live.make(rows_in)
         tiles = []
         for c, (clo, chi) in enumerate(plan.cols.outputs):
             rs, cs = plan.rows.spans[r], plan.cols.spans[c]
-            whole_tile = plan.rows.inputs[r] == (0, height) and \
-                plan.cols.inputs[c] == (0, width)
+            reads_row = plan.cols.inputs[c] == (0, width)  # no cut of columns
             held: dict[Any, int] = {}
             for i, n in enumerate(order):
-                held[n] = 0 if n is stage.input and whole_tile else \
-                    tile_bytes(n, rs[n].size, cs[n].size)
+                if n is stage.input:
+                    held[n] = (0 if shared else rows_in) if reads_row else \
+                        tile_bytes(n, rs[n].size, cs[n].size)
+                else:
+                    held[n] = tile_bytes(n, rs[n].size, cs[n].size)
                 if n is not stage.input and fused(n):
                     held[n], held[n.args[0]] = held[n.args[0]], 0
                 else:
                     live.make(held[n])
-                if n is stage.input and channels_last:  # the tile's channels-last copy
-                    live.make(held[n])
-                    live.free(held[n])
+                if n is stage.input and shared and c == len(plan.cols.outputs) - 1:
+                    live.free(rows_in)  # the last tile's cut was its last reader
                 for p in [*(s for s in order if s in n.all_input_nodes)]:
                     if last.get(p, i) <= i:
                         live.free(held[p])
             split = stage.split.node
-            if channels_last:  # the tile's output made contiguous to be cut and joined
-                live.make(held[split])
-                live.free(held[split])
             if (clo, chi) != (cs[split].start, cs[split].start + cs[split].size):
                 crop = tile_bytes(split, rs[split].size, chi - clo)
                 live.make(crop)
                 live.free(held[split])
                 held[split] = crop
             tiles.append(held[split])
-        live.free(rows_in)
         strip = sum(tiles)
         if len(tiles) > 1:
             live.make(strip)
@@ -904,9 +898,6 @@ def _tiled_stage(plan: PatchPlan, element: Callable[[Any], int], live: _Live,
     if len(strips) > 1:
         live.make(whole)
         live.free(sum(strips))
-    if channels_last:  # the joined map made channels-last again
-        live.make(whole)
-        live.free(whole)
     return whole
 
 
@@ -933,7 +924,6 @@ class Tiler:
     quantized: bool  # int8 activations (1 byte a value) or float (4)
     plan_inputs: bool  # the input is copied into the planned buffers
     int8_inputs: bool  # the program takes the input as int8
-    channels_last: bool = False  # the flow computes on channels-last (NHWC) tensors
     mac_budget: float = DEFAULT_MAC_BUDGET
     report: dict[str, Any] = field(default_factory=dict)
 
@@ -975,8 +965,7 @@ class Tiler:
                 extra = plan.macs - plan.stage_macs
                 if choice == AUTO and extra > self.mac_budget * macs:
                     continue
-                peak = estimate_peak(graph_module, self.element, plan, self.fused,
-                                     self.channels_last)
+                peak = estimate_peak(graph_module, self.element, plan, self.fused)
                 method = self.method_growth(plan)
                 if choice == AUTO and peak + method >= base:
                     continue  # the method pool would take back what the tiles save
@@ -1012,15 +1001,15 @@ class Tiler:
         stage = plan.stage
         layers = sum(1 for s in stage.nodes if not self.fused(s.node))
         rows, cols = plan.grid
-        per_tile = layers + (rows > 1) + (cols > 1) + 2 * self.channels_last + 1
-        joins = rows * (cols > 1) + rows + (rows > 1) + self.channels_last
+        per_tile = layers + (rows > 1) + (cols > 1) + 1
+        joins = rows * (cols > 1) + rows + (rows > 1)
         return (rows * cols * per_tile + joins - layers) * METHOD_BYTES_PER_INSTRUCTION
 
     def rewrite(self, graph_module: Any) -> bool:
         plan = self.choose(graph_module)
         if plan is None:
             return False
-        apply_patches(graph_module, plan, self.channels_last)
+        apply_patches(graph_module, plan)
         return True
 
 

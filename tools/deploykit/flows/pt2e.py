@@ -17,8 +17,7 @@ if TYPE_CHECKING:
 def quantize_pt2e(spec: ModelSpec, st: Stages, inputs: tuple[Any, ...],
                    calibration: list[tuple[Any, ...]], quantizer: Any,
                    float_rewrite: Callable[[Any], None] | None = None,
-                   tile_rewrite: Callable[[Any], bool] | None = None,
-                   untiled_inputs: tuple[Any, ...] | None = None) -> tuple[Any, list, list]:
+                   tile_rewrite: Callable[[Any], bool] | None = None) -> tuple[Any, list, list]:
     """torch.export → PT2E prepare → calibrate → convert; the quantized model and its and the
     float model's outputs on `inputs`. Shared by the int8 flows; only the quantizer differs,
     and `float_rewrite`, which a flow may apply to the exported float graph (in place) before
@@ -26,8 +25,7 @@ def quantize_pt2e(spec: ModelSpec, st: Stages, inputs: tuple[Any, ...],
 
     `tile_rewrite` (flows/patches.py) rewrites the float graph into tiles, in place, and says
     whether it did. The tiles of a layer must quantize as the layer does, so the model is
-    calibrated without tiles (exported with `untiled_inputs`, default `inputs`; `calibration`
-    is for it) and each tile's observers take the state of their layer's: no tile is
+    calibrated without tiles and each tile's observers take the state of their layer's: no tile is
     observed on its own."""
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -50,7 +48,7 @@ def quantize_pt2e(spec: ModelSpec, st: Stages, inputs: tuple[Any, ...],
             tag_origins(graph_module)
         return graph_module
 
-    untiled = float_graph(untiled_inputs if untiled_inputs is not None else inputs)
+    untiled = float_graph(inputs)
     with st.step("quantization (prepare_pt2e)"):
         prepared = prepare_pt2e(untiled, quantizer)
     with st.step("calibration"), torch.no_grad():
