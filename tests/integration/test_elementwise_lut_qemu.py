@@ -10,13 +10,12 @@ the reason. About a minute each on 2 cores with the runtime in the cache.
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
 
-from deploykit import api
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
+from tests.strict_int8 import run_strict_int8
 
 pytestmark = [requires_toolchain, requires_cmake, requires_qemu, requires_sources]
 
@@ -59,13 +58,7 @@ def test_elementwise_int8_model_runs_bit_exact_without_float_islands(tmp_path_fa
         path = tmp_path_factory.mktemp("lut") / "activations.py"
         path.write_text(ACTIVATIONS)
         model = str(path)
-    report = api.run("qemu-an547", model, flow="cortex_m_int8", out=out, timeout=300,
-                     strict=True, project=False)
-    assert report.passed, report.summary()
-    assert report.verdict is not None
-    for o in report.verdict.outputs:
-        assert o.max_abs_error == 0  # the device is the host's integer reference, bit for bit
-    exported = json.loads((out / "export" / "export.json").read_text())
+    report, exported = run_strict_int8("qemu-an547", model, out)
     ops = exported["op_list"]
     assert not [o for o in ops if not o.startswith("cortex_m::")], ops  # nothing in float
     if model.endswith("activations.py"):

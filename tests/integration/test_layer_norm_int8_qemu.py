@@ -10,13 +10,12 @@ the reason. About a minute each on 2 cores with the runtime in the cache.
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
 
-from deploykit import api
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
+from tests.strict_int8 import run_strict_int8
 
 pytestmark = [requires_toolchain, requires_cmake, requires_qemu, requires_sources]
 
@@ -57,13 +56,7 @@ def test_int8_layer_norms_run_bit_exact_without_float_islands(tmp_path_factory, 
     path = tmp_path_factory.mktemp("layer-norm") / "norms.py"
     path.write_text(NORMS)
     out = tmp_path_factory.getbasetemp() / "layer-norm-int8" / board
-    report = api.run(board, str(path), flow="cortex_m_int8", out=out, timeout=300,
-                     strict=True, project=False)
-    assert report.passed, report.summary()
-    assert report.verdict is not None
-    for o in report.verdict.outputs:
-        assert o.max_abs_error == 0  # the device is the host's integer reference, bit for bit
-    exported = json.loads((out / "export" / "export.json").read_text())
+    report, exported = run_strict_int8(board, str(path), out)
     ops = exported["op_list"]
     assert "deploykit::quantized_layer_norm.out" in ops
     assert not [o for o in ops if not o.startswith(("cortex_m::", "deploykit::"))], ops

@@ -13,13 +13,12 @@ the reason. About a minute per board on 2 cores with the runtime in the cache.
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
 
-from deploykit import api
 from tests.markers import requires_cmake, requires_qemu, requires_sources, requires_toolchain
+from tests.strict_int8 import run_strict_int8
 
 pytestmark = [requires_toolchain, requires_cmake, requires_qemu, requires_sources]
 
@@ -56,12 +55,8 @@ def test_int8_softmax_runs_bit_exact(tmp_path_factory, board):
     path = tmp_path_factory.mktemp("softmax") / "softmaxes.py"
     path.write_text(SOFTMAXES)
     out = tmp_path_factory.getbasetemp() / "softmax" / board
-    report = api.run(board, str(path), flow="cortex_m_int8", out=out, timeout=300,
-                     strict=True, project=False)
-    assert report.passed, report.summary()
-    assert report.verdict is not None and len(report.verdict.outputs) == 2
-    for o in report.verdict.outputs:
-        assert o.max_abs_error == 0  # the device is the host's integer reference, bit for bit
-    ops = json.loads((out / "export" / "export.json").read_text())["op_list"]
+    report, exported = run_strict_int8(board, str(path), out)
+    assert len(report.verdict.outputs) == 2
+    ops = exported["op_list"]
     assert "cortex_m::softmax.out" in ops
     assert not [o for o in ops if not o.startswith("cortex_m::")], ops  # nothing in float
