@@ -31,9 +31,6 @@ import numpy as np
 from deploykit.build.firmware import Firmware
 from deploykit.build.render import ModelSources, render_board_files, render_model_files
 from deploykit.flows.base import ExportTarget, Flow
-from deploykit.flows.conv1d_as_conv2d import describe as describe_conv1d
-from deploykit.flows.elementwise_lut import describe as describe_lookup_tables
-from deploykit.flows.layer_norm_int8 import describe as describe_int8_layer_norms
 from deploykit.flows.patches import describe as describe_patches
 from deploykit.memory import fit as fitting
 from deploykit.memory.plan import MemoryPlan, Sizing, plan_memory
@@ -61,6 +58,7 @@ from deploykit.run.proxy import MeasureTarget, measure_target, measurement_dirs
 from deploykit.run.report import (
     RunReport,
     as_host_dtype,
+    int8_rewrite_notes,
     logical_order,
     memory_advice,
     npu_calls_of,
@@ -301,9 +299,7 @@ def describe_export(result: ExportResult) -> str:
              f"  operators: {', '.join(result.op_list)}",
              f"  reference: {result.reference_kind}; eager max abs diff "
              f"{result.eager_max_abs_diff:.3g}"]
-    lines += [f"  {line}" for line in describe_conv1d(_mixed_precision(result))]
-    lines += [f"  {line}" for line in describe_lookup_tables(_mixed_precision(result))]
-    lines += [f"  {line}" for line in describe_int8_layer_norms(_mixed_precision(result))]
+    lines += [f"  {line}" for line in int8_rewrite_notes(_mixed_precision(result))]
     lines += [f"  {line}" for line in patches_notes(inspect_pte(result.pte_path))]
     lines += [f"  warning: {w}" for w in result.warnings]
     return "\n".join(lines)

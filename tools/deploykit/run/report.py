@@ -67,6 +67,13 @@ class NpuCall:
         return text
 
 
+def int8_rewrite_notes(mixed_precision: dict[str, Any]) -> list[str]:
+    """The export's and the run's lines on what the cortex_m flow rewrote into int8 (from
+    export.json's `mixed_precision`): Conv1d as Conv2d, table lookups, int8 LayerNorms."""
+    return [*describe_conv1d(mixed_precision), *describe_lookup_tables(mixed_precision),
+            *describe_int8_layer_norms(mixed_precision)]
+
+
 @dataclass
 class RunReport:
     board: str
@@ -128,9 +135,7 @@ class RunReport:
                             if self.reference_fallback else ""))
         elif self.reference_kind == "none":
             lines.append("  reference: none; the outputs below were not compared with anything")
-        lines += [f"  {line}" for line in describe_conv1d(self.mixed_precision)]
-        lines += [f"  {line}" for line in describe_lookup_tables(self.mixed_precision)]
-        lines += [f"  {line}" for line in describe_int8_layer_norms(self.mixed_precision)]
+        lines += [f"  {line}" for line in int8_rewrite_notes(self.mixed_precision)]
         lines += [f"  {line}" for line in describe_float(self.mixed_precision)]
         if self.input_sets and self.input_sets.count > 1:
             lines.append(f"  {self.input_sets.describe()}")
