@@ -14,6 +14,7 @@ from torch import nn
 
 from deploykit.flows.patches import (
     AUTO,
+    METHOD_BYTES_PER_COPY,
     METHOD_BYTES_PER_INSTRUCTION,
     OFF,
     ORIGIN_KEY,
@@ -427,7 +428,11 @@ def test_the_estimate_of_carried_tiles_is_their_graphs_live_peak(parts):
     assert tiler.report["estimated_peak"] == _live_peak(graph_module, 4)
     assert "the tiles carry their overlap" in describe(tiler.report)[0]
     # The instructions the method pool is charged for are the graph's.
-    tiled_ops = sum(1 for n in graph_module.graph.nodes if n.op == "call_function")
-    plain_ops = sum(1 for n in _graph(module, x).graph.nodes if n.op == "call_function")
+    def ops(graph: torch.fx.GraphModule, copies: bool) -> int:
+        return sum(1 for n in graph.graph.nodes if n.op == "call_function" and
+                   (n.target in (ATEN.slice.Tensor, ATEN.cat.default)) == copies)
+
+    plain = _graph(module, x)
     assert tiler.report["estimated_method_pool_growth"] == \
-        (tiled_ops - plain_ops) * METHOD_BYTES_PER_INSTRUCTION
+        (ops(graph_module, False) - ops(plain, False)) * METHOD_BYTES_PER_INSTRUCTION + \
+        ops(graph_module, True) * METHOD_BYTES_PER_COPY
