@@ -298,6 +298,12 @@ CHAINS = {
     "max and average pooling": nn.Sequential(
         nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, stride=2),
         nn.Conv2d(6, 6, 3, padding=1), nn.AvgPool2d(2), nn.Conv2d(6, 6, 3, padding=1)),
+    # A pooling pads with what is not a zero (max) or leaves the padding out of its divisor:
+    # at the borders the layers run with their own padding.
+    "padded pooling": nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+        nn.Conv2d(6, 6, 3, padding=1),
+        nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False)),
 }
 
 

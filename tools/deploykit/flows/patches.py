@@ -457,7 +457,7 @@ class CarryStep:
     keep: int = 0
 
 
-def carry_refusal(stage: Stage) -> str:
+def _carry_refusal(stage: Stage) -> str:
     """Why the tiles of a row cannot carry their overlap along the width ("" if they can):
     it takes a chain, each layer reading the one before."""
     readers: dict[Any, int] = {}
@@ -655,7 +655,7 @@ def plan_patches(stage: Stage, grid: tuple[int, int]) -> PatchPlan:
     overlap from tile to tile (`_carried_columns`: the same outputs, without recomputing
     it); otherwise, or where a tile is too narrow for that, each tile recomputes it."""
     cols = None
-    if grid[0] == 1 and grid[1] <= stage.split.shape[3] and not carry_refusal(stage):
+    if grid[0] == 1 and grid[1] <= stage.split.shape[3] and not _carry_refusal(stage):
         cols = _carried_columns(stage, grid[1])
     return PatchPlan(stage, grid, plan_dim(stage, 0, grid[0]),
                      cols or plan_dim(stage, 1, grid[1]))
@@ -1309,7 +1309,7 @@ def _recomputed_why(plan: PatchPlan) -> str:
     """Why the tiles of `plan` recompute their overlap instead of carrying it."""
     if plan.grid[0] > 1:
         return "several rows of tiles"
-    return carry_refusal(plan.stage) or "a tile is narrower than the layers' reach"
+    return _carry_refusal(plan.stage) or "a tile is narrower than the layers' reach"
 
 
 def _carry_copies(plan: PatchPlan) -> int:
