@@ -14,6 +14,8 @@ from torch import nn
 
 from deploykit.flows.patches import (
     AUTO,
+    METHOD_BYTES_PER_COPY,
+    METHOD_BYTES_PER_INSTRUCTION,
     OFF,
     ORIGIN_KEY,
     Tiler,
@@ -276,3 +278,167 @@ def test_more_tiles_cost_more_method_pool_and_the_report_says_so():
     assert "planned 1,000 B with patches (lower bound 900 B)" in lines[1]
     assert describe({"setting": "auto", "reason": "left unpatched: x"}) == [
         "patches auto: left unpatched: x"]
+
+
+# ---- a single row of tiles over a chain carries its overlap ----
+
+CHAINS = {
+    "stride 1, padding 1": nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                                         nn.Conv2d(8, 8, 3, padding=1)),
+    "stride 2, depthwise": nn.Sequential(
+        nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU6(),
+        nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.ReLU(), nn.Conv2d(8, 16, 1), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16), nn.Conv2d(16, 16, 1)),
+    "padding 0 and 2, kernel 5": nn.Sequential(nn.Conv2d(3, 6, 5, padding=2), nn.ReLU(),
+                                               nn.Conv2d(6, 6, 3), nn.Conv2d(6, 6, 5)),
+    "dilation 2": nn.Sequential(nn.Conv2d(3, 6, 3, padding=2, dilation=2), nn.Hardtanh(0, 6),
+                                nn.Conv2d(6, 6, 3, padding=1, stride=2, dilation=2)),
+    "1x1 with stride 2": nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.Conv2d(6, 6, 1, 2),
+                                       nn.Conv2d(6, 6, 3, stride=2, padding=1)),
+    "max and average pooling": nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, stride=2),
+        nn.Conv2d(6, 6, 3, padding=1), nn.AvgPool2d(2), nn.Conv2d(6, 6, 3, padding=1)),
+    # A pooling pads with what is not a zero (max) or leaves the padding out of its divisor:
+    # at the borders the layers run with their own padding.
+    "padded pooling": nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+        nn.Conv2d(6, 6, 3, padding=1),
+        nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False)),
+}
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4, 5])
+@pytest.mark.parametrize("name", sorted(CHAINS))
+def test_carried_tiles_equal_the_model_without_recomputing(name, parts):
+    torch.manual_seed(0)
+    module = _net(*CHAINS[name])
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    for width in (47, 64):  # 5 tiles of at least 2 columns at every split
+        x = torch.randn(1, 3, 21, width)
+        graph_module = _graph(module, x)
+        stages = find_stages(graph_module)
+        plan = plan_patches(stages.stage(stages.splits[-1]), (1, parts))
+        assert plan.carries, (name, width)
+        # A tile computes only columns no tile before it has, but for the few a layer with
+        # column padding computes from it at a border, on the side inside the map (cut off).
+        for s in plan.stage.nodes:
+            if s.windows is not None:
+                w = s.windows[1]
+                computed = sum(steps[s.node].computed[1] - steps[s.node].computed[0]
+                               for steps in plan.cols.carry)
+                assert computed <= s.shape[3] + w.padding // w.stride + \
+                    -(-w.padding // w.stride), (name, s.node.name)
+        assert plan.stage_macs <= plan.macs <= 1.1 * plan.stage_macs
+        apply_patches(graph_module, plan)
+        with torch.no_grad():
+            assert torch.allclose(graph_module(x), module(x), rtol=0, atol=1e-5), (name, width)
+
+
+def test_carried_tiles_of_an_unpadded_chain_compute_the_models_macs():
+    module = _net(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3, groups=8),
+                  nn.Conv2d(8, 16, 1), nn.Conv2d(16, 16, 5, stride=2), nn.MaxPool2d(2))
+    graph_module = _graph(module, torch.randn(1, 3, 24, 40))
+    stages = find_stages(graph_module)
+    for split in stages.splits:
+        for parts in (2, 3, 4):
+            plan = plan_patches(stages.stage(split), (1, parts))
+            assert plan.carries and plan.macs == plan.stage_macs, (split, parts)
+
+
+def test_carried_columns_are_cut_and_joined_as_their_layer_input():
+    """The tiles' convolutions pad columns only at the map's borders, every copy quantizes
+    as the tensor it copies (its origin), and a tile joins the columns kept from the tile
+    before it."""
+    torch.manual_seed(0)
+    module = _net(*CHAINS["stride 1, padding 1"])
+    x = torch.randn(1, 3, 16, 24)
+    tiled = _tiled(module, x, (1, 3))
+    convs = [n for n in tiled.graph.nodes if n.target == ATEN.conv2d.default]
+    assert [tuple(n.args[4]) for n in convs] == [(1, 1)] * 2 + [(1, 0)] * 2 + [(1, 1)] * 2
+    joins = [n for n in tiled.graph.nodes if n.target == ATEN.cat.default]
+    assert len(joins) == 2 + 1  # the second layer of tiles 2 and 3, then the tiles
+    for join in joins[:-1]:
+        kept, own = join.args[0]
+        assert kept.target == ATEN.slice.Tensor
+        assert kept.meta[ORIGIN_KEY] == own.meta[ORIGIN_KEY] == join.meta[ORIGIN_KEY]
+    assert not [n for n in tiled.graph.nodes if n.target == ATEN.constant_pad_nd.default]
+    with torch.no_grad():
+        assert torch.allclose(tiled(x), module(x), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("layers, grid, why", [
+    ((nn.Conv2d(3, 8, 3, padding=1), Residual(8)), (1, 3), "joins two branches"),
+    ((nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)), (2, 2),
+     "several rows"),
+])
+def test_tiles_recompute_their_overlap_where_they_cannot_carry_it(layers, grid, why):
+    torch.manual_seed(0)
+    module = _net(*layers)
+    x = torch.randn(1, 3, 16, 20)
+    graph_module = _graph(module, x)
+    tiler = Tiler(f"{grid[0]}x{grid[1]}", quantized=False, plan_inputs=False,
+                  int8_inputs=False)
+    assert tiler.rewrite(graph_module)
+    assert tiler.report["overlap"].startswith("recomputed") and why in tiler.report["overlap"]
+    assert "recompute their overlap" in describe(tiler.report)[0]
+    with torch.no_grad():
+        assert torch.allclose(graph_module(x), module(x), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("width, parts", [(5, 5), (9, 4)])
+def test_tiles_too_narrow_to_carry_recompute_their_overlap(width, parts):
+    """5 tiles over 5 columns of two kernel-5 layers: the 4th tile's first layer already
+    reaches the map's last column, so the 5th would have no column of its own: these tiles
+    recompute their overlap, with the same outputs."""
+    torch.manual_seed(0)
+    module = _net(nn.Conv2d(3, 8, 5, padding=2), nn.ReLU(), nn.Conv2d(8, 8, 5, padding=2))
+    x = torch.randn(1, 3, 8, width)
+    graph_module = _graph(module, x)
+    stages = find_stages(graph_module)
+    plan = plan_patches(stages.stage(stages.splits[-1]), (1, parts))
+    assert not plan.carries
+    assert plan.macs > plan.stage_macs
+    apply_patches(graph_module, plan)
+    with torch.no_grad():
+        assert torch.allclose(graph_module(x), module(x), rtol=0, atol=1e-5)
+
+
+def _live_peak(graph_module: torch.fx.GraphModule, element: int) -> int:
+    """The most bytes live at once over the graph's nodes in order (the input read in place)."""
+    nodes = [n for n in graph_module.graph.nodes if n.op in ("placeholder", "call_function")]
+    last = {a: i for i, n in enumerate(nodes) for a in n.all_input_nodes}
+    size = {n: 0 if n.op == "placeholder" else
+            torch.Size(n.meta["val"].shape).numel() * element for n in nodes}
+    live = peak = 0
+    for i, n in enumerate(nodes):
+        live += size[n]
+        peak = max(peak, live)
+        live -= sum(size.get(a, 0) for a in {*n.all_input_nodes, n} if last.get(a, i) <= i)
+    return peak
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+def test_the_estimate_of_carried_tiles_is_their_graphs_live_peak(parts):
+    module = _net(*CHAINS["stride 2, depthwise"])
+    x = torch.randn(1, 3, 64, 64)
+    graph_module = _graph(module, x)
+    tiler = Tiler(f"1x{parts}", quantized=False, plan_inputs=False, int8_inputs=False)
+    assert tiler.rewrite(graph_module)
+    assert tiler.report["overlap"] == "carried"
+    assert tiler.report["stage_macs"] <= tiler.report["tiled_stage_macs"] <= \
+        1.05 * tiler.report["stage_macs"]
+    assert tiler.report["estimated_peak"] == _live_peak(graph_module, 4)
+    assert "the tiles carry their overlap" in describe(tiler.report)[0]
+    # The instructions the method pool is charged for are the graph's.
+    def ops(graph: torch.fx.GraphModule, copies: bool) -> int:
+        return sum(1 for n in graph.graph.nodes if n.op == "call_function" and
+                   (n.target in (ATEN.slice.Tensor, ATEN.cat.default)) == copies)
+
+    plain = _graph(module, x)
+    assert tiler.report["estimated_method_pool_growth"] == \
+        (ops(graph_module, False) - ops(plain, False)) * METHOD_BYTES_PER_INSTRUCTION + \
+        ops(graph_module, True) * METHOD_BYTES_PER_COPY

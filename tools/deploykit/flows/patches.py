@@ -26,6 +26,22 @@ the input slice is wide enough that the valid region covers the tile's output, w
 out of it. So every tile's output equals the corresponding part of the whole map, and zero
 padding applies only at the real borders.
 
+A single row of tiles (a grid 1xM: column strips, left to right) over a chain (each layer
+reads the one before: no residual add) does not recompute that overlap: it carries it
+(`_carried_columns`, `CarryStep`). Tile c computes of every stage tensor only the columns
+no earlier tile has (up to where the next tile's layers need them); a window layer reads
+the last columns of its input that the previous tile kept (at most extent - stride of
+them, a small slice cut from the previous tile's input, which then dies) joined along the
+width to this tile's new columns, and runs without column padding, so that it computes
+exactly its new output columns. At the map's borders (the first tile's left, the last
+tile's right) the layer runs with its own padding, which there is the map's; the few
+columns it computes from that padding on the side inside the map are wrong and cut off
+before the next layer reads them (on the last tile the input starts on the layer's stride
+grid, a column or two earlier than needed, so that its sampling grid is the map's). The
+tiles' outputs are the split's columns, joined along the width; the extra MACs are those
+few border columns. Where this does not apply (several rows, a residual add, tiles too
+narrow for the layers' reach), every tile recomputes its overlap as above.
+
 The graph after the rewrite, per row of tiles: the input's rows (one slice), per tile its
 columns (one slice), the stage's operators on the tile (the same weight and parameter nodes
 as the whole map: the same numbers), the tile's columns cut to its output; the row's tiles
@@ -43,6 +59,7 @@ and its outputs are the same, bit for bit.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -66,6 +83,11 @@ MAX_AUTO_GRID = 8
 # 46,808 B, program/method_memory.py). `auto` takes only grids whose activations plus this
 # growth are below the activations without tiles, breaks ties with it, and reports it.
 METHOD_BYTES_PER_INSTRUCTION = 415
+# A slice or a join of tiles costs less: its arguments are a few integers, its input and its
+# output. Measured: mobilenet_v1_025 int8 in 1x4 tiles up to relu_7 that carry their overlap
+# has 57 more instructions, 24 of them the layers' and 33 slices and joins, and a method pool
+# 17,932 B larger (21,080 B -> 39,012 B on qemu-an547): (17,932 - 24 x 415) / 33 = 241 B.
+METHOD_BYTES_PER_COPY = 241
 
 _POINTWISE = {
     "relu.default", "relu_.default", "hardtanh.default", "hardtanh_.default",
@@ -409,6 +431,122 @@ class DimPlan:
     outputs: tuple[tuple[int, int], ...]
     inputs: tuple[tuple[int, int], ...]
     spans: tuple[dict[Any, Span], ...]
+    # Columns whose tiles carry their overlap (`_carried_columns`): per tile, each window
+    # layer's step; empty where every tile recomputes it.
+    carry: tuple[dict[Any, CarryStep], ...] = ()
+
+
+@dataclass(frozen=True)
+class CarryStep:
+    """One window layer on one tile of a row of tiles that carry their overlap. The tile owes
+    the layer's output columns `out` (whole-map coordinates) and runs the layer on its input
+    columns `input`: the last `carried` of them kept from the previous tile, then this tile's
+    own. Inside the map the layer runs without column padding and computes exactly `out`; at
+    a border of the map it runs with its own padding (the map's there: zeros for a
+    convolution, what a pooling pads with for it) on both sides, computing the columns
+    `computed`, of which those reading the padding on the side inside the map are wrong and
+    cut off before the next layer reads them (on the last tile, the input starts on the
+    layer's stride grid for that, a few columns before what `out` needs). `keep`: how many of
+    the last input columns the next tile carries."""
+
+    out: tuple[int, int]
+    input: tuple[int, int]
+    carried: int
+    padding: int
+    computed: tuple[int, int]
+    keep: int = 0
+
+
+def _carry_refusal(stage: Stage) -> str:
+    """Why the tiles of a row cannot carry their overlap along the width ("" if they can):
+    it takes a chain, each layer reading the one before."""
+    readers: dict[Any, int] = {}
+    for s in stage.nodes:
+        if len(s.inputs) != 1:
+            return f"{s.node.name} joins two branches of the stage (a residual add)"
+        readers[s.inputs[0]] = readers.get(s.inputs[0], 0) + 1
+    if any(count > 1 for count in readers.values()):
+        return "a stage tensor is read by two branches"
+    return ""
+
+
+def _carried_columns(stage: Stage, parts: int) -> DimPlan | None:
+    """The columns of a single row of `parts` tiles over a chain, each tile computing of every
+    stage tensor the columns no earlier tile has (`CarryStep`; at most a few more at the last
+    tile's left, for the stride grid); None where a tile would compute no new column of some
+    tensor, or would need columns the previous tile does not hold (tiles too narrow for the
+    layers' reach)."""
+    x, split = stage.input, stage.split.node
+    widths = {x: stage.input_shape[3], **{s.node: s.shape[3] for s in stage.nodes}}
+    outputs = _cuts(widths[split], parts)
+    # Each tensor's columns up to the end of each tile: backwards from the split's run, the
+    # input columns the layer needs; the last tile computes the rest of every map.
+    ends: list[dict[Any, int]] = []
+    for _, hi in outputs[:-1]:
+        end = {split: hi}
+        for s in reversed(stage.nodes):
+            at = end[s.node]
+            if s.windows is not None:
+                at = min(widths[s.inputs[0]], s.windows[1].needs(0, at)[1])
+            end[s.inputs[0]] = at
+        ends.append(end)
+    ends.append(dict(widths))
+    starts = [{n: 0 for n in widths}, *ends[:-1]]
+    if any(ends[c][s.node] <= starts[c][s.node] for c in range(parts) for s in stage.nodes):
+        return None
+    steps: list[dict[Any, CarryStep]] = []
+    spans: list[dict[Any, Span]] = []
+    inputs: list[tuple[int, int]] = []
+    for c in range(parts):
+        tile: dict[Any, CarryStep] = {}
+        read = (starts[c][x], ends[c][x])
+        for s in stage.nodes:
+            if s.windows is None:
+                continue
+            step = _carry_step(s, starts[c], ends[c])
+            if step is None:
+                return None
+            source = s.inputs[0]
+            carried = 0 if source is x else max(0, starts[c][source] - step.input[0])
+            if carried and (c == 0 or
+                            carried > ends[c - 1][source] - steps[c - 1][s.node].input[0]):
+                return None  # the previous tile does not hold the columns
+            tile[s.node] = dataclasses.replace(step, carried=carried)
+            if source is x:
+                read = step.input
+        steps.append(tile)
+        inputs.append(read)
+        spans.append({n: Span(starts[c][n], ends[c][n] - starts[c][n], starts[c][n],
+                              ends[c][n]) for n in widths if n is not x}
+                     | {x: Span(read[0], read[1] - read[0], *read)})
+    for c in range(parts - 1):
+        for node, step in steps[c].items():
+            steps[c][node] = dataclasses.replace(step, keep=steps[c + 1][node].carried)
+    return DimPlan(tuple(outputs), tuple(inputs), tuple(spans), tuple(steps))
+
+
+def _carry_step(s: StageNode, starts: dict[Any, int], ends: dict[Any, int]
+                ) -> CarryStep | None:
+    """Window layer `s` on a tile that owes its columns [starts, ends) (`CarryStep`, with
+    `carried` left 0), or None when that tile cannot compute them on its own."""
+    w = s.windows[1]
+    o0, o1 = starts[s.node], ends[s.node]
+    need_lo, need_hi = w.needs(o0, o1)
+    lo, hi = need_lo, ends[s.inputs[0]]
+    padding, computed = 0, (o0, o1)
+    if need_lo < 0:  # the map's left border: the columns reading the right padding are cut
+        padding, lo = w.padding, 0
+        computed = (0, (hi + 2 * w.padding - w.extent) // w.stride + 1)
+    elif need_hi > hi:  # the right border: the input starts on the stride grid
+        padding = w.padding
+        first = o0 - -(-w.padding // w.stride)
+        lo = first * w.stride
+        computed = (first, first + (hi - lo + 2 * w.padding - w.extent) // w.stride + 1)
+    elif (hi - lo - w.extent) // w.stride + 1 != o1 - o0:
+        return None
+    if lo < 0 or computed[0] > o0 or computed[1] < o1:
+        return None
+    return CarryStep((o0, o1), (lo, hi), 0, padding, computed)
 
 
 def _covers(stage: Stage, spans: dict[Any, Span] | None, lo: int, hi: int) -> bool:
@@ -488,6 +626,11 @@ class PatchPlan:
             if not s.macs:
                 continue
             per_position = s.macs // math.prod(s.shape[2:])
+            if self.carries:
+                total += per_position * s.shape[2] * sum(
+                    steps[s.node].computed[1] - steps[s.node].computed[0]
+                    for steps in self.cols.carry)
+                continue
             for rs in self.rows.spans:
                 for cs in self.cols.spans:
                     total += per_position * rs[s.node].size * cs[s.node].size
@@ -497,13 +640,25 @@ class PatchPlan:
     def stage_macs(self) -> int:
         return sum(s.macs for s in self.stage.nodes)
 
+    @property
+    def carries(self) -> bool:
+        """Whether the tiles carry their overlap instead of recomputing it."""
+        return bool(self.cols.carry)
+
     def describe(self) -> str:
         n, m = self.grid
         return f"{n}x{m} tiles up to {self.stage.split.node.name}"
 
 
 def plan_patches(stage: Stage, grid: tuple[int, int]) -> PatchPlan:
-    return PatchPlan(stage, grid, plan_dim(stage, 0, grid[0]), plan_dim(stage, 1, grid[1]))
+    """The tiles of `grid` over `stage`. A single row of tiles over a chain carries the
+    overlap from tile to tile (`_carried_columns`: the same outputs, without recomputing
+    it); otherwise, or where a tile is too narrow for that, each tile recomputes it."""
+    cols = None
+    if grid[0] == 1 and grid[1] <= stage.split.shape[3] and not _carry_refusal(stage):
+        cols = _carried_columns(stage, grid[1])
+    return PatchPlan(stage, grid, plan_dim(stage, 0, grid[0]),
+                     cols or plan_dim(stage, 1, grid[1]))
 
 
 # ---- the rewrite ----
@@ -527,7 +682,10 @@ def apply_patches(graph_module: Any, plan: PatchPlan) -> None:
     height, width = stage.input_shape[2:]
     strips = []
     with graph.inserting_before(anchor):
-        for r, (rlo, rhi) in enumerate(plan.rows.outputs):
+        if plan.carries:
+            tiles = _carried_tiles(graph, plan, fake)
+            strips.append(_part(graph, split, fake, aten.cat.default, tiles, 3))
+        for r, (rlo, rhi) in enumerate(() if plan.carries else plan.rows.outputs):
             rows_in = _crop(graph, stage.input, fake, stage.input, 2, *plan.rows.inputs[r],
                             height)
             tiles = []
@@ -555,6 +713,64 @@ def apply_patches(graph_module: Any, plan: PatchPlan) -> None:
     graph.eliminate_dead_code()
     graph.lint()
     graph_module.recompile()
+
+
+def _carried_tiles(graph: Any, plan: PatchPlan, fake: Any) -> list[Any]:
+    """The tiles of a row that carry their overlap (`CarryStep`), in order: each tile's new
+    columns of the split. A window layer reads the columns kept from the previous tile joined
+    to this tile's own; right after that join, the columns the next tile reads again are
+    kept (a small slice), so that the join is dead once the layer has run. Columns a layer
+    computed from the padding on a side inside the map are cut off where the next window
+    layer (or the join of the tiles) reads the tensor, after the per-position operators that
+    the int8 lowering fuses into the layer."""
+    import torch
+
+    aten = torch.ops.aten
+    stage = plan.stage
+    x, width = stage.input, stage.input_shape[3]
+    kept: dict[Any, Any] = {}  # a stage tensor -> its columns kept from the previous tile
+    tiles = []
+    for c, steps in enumerate(plan.cols.carry):
+        spans = plan.cols.spans[c]
+        cols = {n: dataclasses.replace(span, padding=0) for n, span in spans.items()}
+        env: dict[Any, Any] = {}
+        held: dict[Any, tuple[int, int]] = {}  # the columns of each value of the tile
+        for s in stage.nodes:
+            source = s.inputs[0]
+            step = steps.get(s.node)
+            if step is None:  # a per-position operator: the tile's columns of its input
+                if source is x:
+                    env[x] = _crop(graph, x, fake, x, 3, *plan.cols.inputs[c], width)
+                    held[x] = plan.cols.inputs[c]
+                env[s.node] = _copy(graph, s, env, fake, plan.rows.spans[0], cols, c)
+                held[s.node] = held[source]
+                continue
+            if source is x:
+                value = _crop(graph, x, fake, x, 3, *step.input, width)
+            else:
+                own = _cut(graph, source, fake, env[source], held[source],
+                           (step.input[0] + step.carried, step.input[1]))
+                value = own if not step.carried else _part(
+                    graph, source, fake, aten.cat.default, [kept.pop(source), own], 3)
+            if step.keep:
+                size = step.input[1] - step.input[0]
+                kept[source] = _crop(graph, source, fake, value, 3, size - step.keep, size,
+                                     size)
+            cols[s.node] = dataclasses.replace(spans[s.node], padding=step.padding)
+            env[s.node] = _copy(graph, s, {**env, source: value}, fake, plan.rows.spans[0],
+                                cols, c)
+            held[s.node] = step.computed
+        split = stage.split.node
+        tiles.append(_cut(graph, split, fake, env[split], held[split],
+                          (spans[split].start, spans[split].start + spans[split].size)))
+    return tiles
+
+
+def _cut(graph: Any, like: Any, fake: Any, node: Any, holds: tuple[int, int],
+         wanted: tuple[int, int]) -> Any:
+    """Columns `wanted` of `node`, which holds the columns `holds` (map coordinates)."""
+    size = holds[1] - holds[0]
+    return _crop(graph, like, fake, node, 3, wanted[0] - holds[0], wanted[1] - holds[0], size)
 
 
 def _crop(graph: Any, like: Any, fake: Any, node: Any, dim: int, lo: int, hi: int,
@@ -836,6 +1052,8 @@ def estimate_peak(graph_module: Any, element: Callable[[Any], int],
 def _tiled_stage(plan: PatchPlan, element: Callable[[Any], int], live: _Live,
                  whole: int, fused: Callable[[Any], bool]) -> int:
     """Walk the tiled stage through `live`; leaves the split's whole output live."""
+    if plan.carries:
+        return _carried_stage(plan, element, live, whole, fused)
     stage = plan.stage
     order = [stage.input, *(s.node for s in stage.nodes)]
     last = _last_users(order)
@@ -898,6 +1116,73 @@ def _tiled_stage(plan: PatchPlan, element: Callable[[Any], int], live: _Live,
     if len(strips) > 1:
         live.make(whole)
         live.free(sum(strips))
+    return whole
+
+
+def _carried_stage(plan: PatchPlan, element: Callable[[Any], int], live: _Live,
+                   whole: int, fused: Callable[[Any], bool]) -> int:
+    """`_tiled_stage` for tiles that carry their overlap, in the order `_carried_tiles`
+    builds them: the columns kept for the next tile are live from the join they are cut
+    from until the next tile's join."""
+    stage = plan.stage
+    x, split = stage.input, stage.split.node
+    value = element(stage.nodes[0].node)  # a slice of the input holds what the stage reads
+
+    def nbytes(n: Any, cols: int) -> int:
+        _, channels, height, _ = n.meta["val"].shape
+        return int(channels) * int(height) * cols * (value if n is x else element(n))
+
+    def cut(n: Any, size: int, held_cols: tuple[int, int], wanted: int) -> int:
+        """Bytes of a cut of `wanted` columns of `n`'s value (`size` bytes), if it is one."""
+        if wanted == held_cols[1] - held_cols[0]:
+            return size
+        part = nbytes(n, wanted)
+        live.make(part)
+        live.free(size)
+        return part
+
+    kept: dict[Any, int] = {}
+    tiles = []
+    for c, steps in enumerate(plan.cols.carry):
+        spans = plan.cols.spans[c]
+        held: dict[Any, int] = {}
+        cols: dict[Any, tuple[int, int]] = {}
+        for s in stage.nodes:
+            source, step = s.inputs[0], steps.get(s.node)
+            if step is None:
+                if source is x:
+                    held[x] = nbytes(x, spans[x].size)
+                    cols[x] = plan.cols.inputs[c]
+                    live.make(held[x])
+                cols[s.node] = cols[source]
+                if fused(s.node):  # the value replaces its input's
+                    held[s.node], held[source] = held[source], 0
+                    continue
+                held[s.node] = nbytes(s.node, cols[s.node][1] - cols[s.node][0])
+                live.make(held[s.node])
+                live.free(held[source])
+                continue
+            size = step.input[1] - step.input[0]
+            if source is x:
+                layer_in = nbytes(x, size)
+                live.make(layer_in)
+            else:
+                layer_in = cut(source, held[source], cols[source], size - step.carried)
+                if step.carried:
+                    joined = nbytes(source, size)
+                    live.make(joined)
+                    live.free(layer_in + kept.pop(source))
+                    layer_in = joined
+            if step.keep:
+                kept[source] = nbytes(source, step.keep)
+                live.make(kept[source])
+            cols[s.node] = step.computed
+            held[s.node] = nbytes(s.node, step.computed[1] - step.computed[0])
+            live.make(held[s.node])
+            live.free(layer_in)
+        tiles.append(cut(split, held[split], cols[split], spans[split].size))
+    live.make(whole)
+    live.free(sum(tiles))
     return whole
 
 
@@ -990,20 +1275,27 @@ class Tiler:
         self.report.update({
             "grid": f"{plan.grid[0]}x{plan.grid[1]}", "split": plan.stage.split.node.name,
             "estimated_peak": peak, "estimated_method_pool_growth": method,
+            "overlap": "carried" if plan.carries else
+            f"recomputed: {_recomputed_why(plan)}",
             "stage_macs": plan.stage_macs, "tiled_stage_macs": plan.macs,
             "mac_overhead": round(extra / macs, 4) if macs else 0.0})
         return plan
 
     def method_growth(self, plan: PatchPlan) -> int:
-        """The method pool the tiles' instructions add (METHOD_BYTES_PER_INSTRUCTION each):
-        every tile repeats the stage's instructions, with its slices, layout copies and cut,
-        and the rows are joined."""
+        """The method pool the tiles' instructions add: every tile repeats the stage's
+        layers (METHOD_BYTES_PER_INSTRUCTION each), and its slices and cut, and the joins of
+        the tiles and rows (METHOD_BYTES_PER_COPY each); tiles that carry their overlap
+        slice and join the kept columns instead (`_carry_copies`)."""
         stage = plan.stage
         layers = sum(1 for s in stage.nodes if not self.fused(s.node))
         rows, cols = plan.grid
-        per_tile = layers + (rows > 1) + (cols > 1) + 1
-        joins = rows * (cols > 1) + rows + (rows > 1)
-        return (rows * cols * per_tile + joins - layers) * METHOD_BYTES_PER_INSTRUCTION
+        if plan.carries:
+            copies = _carry_copies(plan) + 1
+        else:
+            copies = rows * cols * ((rows > 1) + (cols > 1) + 1) + \
+                rows * (cols > 1) + rows + (rows > 1)
+        return (rows * cols - 1) * layers * METHOD_BYTES_PER_INSTRUCTION + \
+            copies * METHOD_BYTES_PER_COPY
 
     def rewrite(self, graph_module: Any) -> bool:
         plan = self.choose(graph_module)
@@ -1011,6 +1303,37 @@ class Tiler:
             return False
         apply_patches(graph_module, plan)
         return True
+
+
+def _recomputed_why(plan: PatchPlan) -> str:
+    """Why the tiles of `plan` recompute their overlap instead of carrying it."""
+    if plan.grid[0] > 1:
+        return "several rows of tiles"
+    return _carry_refusal(plan.stage) or "a tile is narrower than the layers' reach"
+
+
+def _carry_copies(plan: PatchPlan) -> int:
+    """The slices and joins of tiles that carry their overlap (`_carried_tiles`)."""
+    x, split, width = plan.stage.input, plan.stage.split.node, plan.stage.input_shape[3]
+    copies = 0
+    for c, steps in enumerate(plan.cols.carry):
+        spans = plan.cols.spans[c]
+        held: dict[Any, tuple[int, int]] = {x: plan.cols.inputs[c]}
+        for s in plan.stage.nodes:
+            source, step = s.inputs[0], steps.get(s.node)
+            if step is None:
+                copies += source is x and plan.cols.inputs[c] != (0, width)
+                held[s.node] = held[source]
+                continue
+            if source is x:
+                copies += step.input != (0, width)
+            else:
+                copies += held[source] != (step.input[0] + step.carried, step.input[1])
+                copies += bool(step.carried)
+            copies += bool(step.keep)
+            held[s.node] = step.computed
+        copies += held[split] != (spans[split].start, spans[split].start + spans[split].size)
+    return copies
 
 
 def describe(report: dict[str, Any], planned: int | None = None,
@@ -1024,6 +1347,11 @@ def describe(report: dict[str, Any], planned: int | None = None,
     lines = [f"patches: {report['grid']} tiles up to {report['split']}, "
              f"{report['stage_macs']:,} -> {report['tiled_stage_macs']:,} MACs in the stage "
              f"(+{report['mac_overhead']:.1%} of the model's {report['model_macs']:,})"]
+    if report.get("overlap") == "carried":
+        lines[0] += ("; the tiles carry their overlap (each keeps the columns the next tile's "
+                     "layers read again, instead of recomputing them)")
+    elif "overlap" in report:
+        lines[0] += f"; the tiles recompute their overlap ({report['overlap']})"
     without = report["estimated_peak_without"]
     now = f"planned {planned:,} B" if planned is not None else \
         f"estimated {report['estimated_peak']:,} B"
