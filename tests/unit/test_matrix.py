@@ -35,6 +35,19 @@ def test_combinations_empty_filter_is_a_config_error():
         combinations(["qemu-an505"], ["ds_cnn"], ["ethos_u_int8"], ["speed"])
 
 
+def test_patch_settings_are_a_dimension_where_the_flow_can_tile():
+    combos = combinations(["corstone-320"], ["mobilenet_v1_025"],
+                          ["cortex_m_int8", "ethos_u_int8"], ["speed"], ["off", "auto"])
+    got = {(c.flow, c.patches) for c in combos}
+    # Vela plans the NPU's memory itself: the Ethos-U flow has no tiles, so no `auto` row.
+    assert got == {("cortex_m_int8", "off"), ("cortex_m_int8", "auto"), ("ethos_u_int8", "off")}
+    assert {c.name for c in combos if c.flow == "cortex_m_int8"} == {
+        "corstone-320/mobilenet_v1_025/cortex_m_int8/speed/patches=off",
+        "corstone-320/mobilenet_v1_025/cortex_m_int8/speed/patches=auto"}
+    with pytest.raises(ConfigError, match="no combination"):
+        combinations(["corstone-320"], ["ds_cnn"], ["ethos_u_int8"], ["speed"], ["1x4"])
+
+
 def _rows() -> list[MatrixRow]:
     ok = MatrixRow(
         "qemu-an547",
@@ -70,6 +83,30 @@ def _rows() -> list[MatrixRow]:
         float_islands=["float island at instructions 1-3: ..."],
     )
     return [ok, too_big, island]
+
+
+def _tiled_rows() -> list[MatrixRow]:
+    def row(patches: str, tiles: str, planned: int, instructions: float) -> MatrixRow:
+        return MatrixRow("qemu-an547", "mobilenet_v1_025", "cortex_m_int8", "speed", patches,
+                         result="PASS", instructions=instructions, macs=7_489_664,
+                         activation_planned=planned, activation_lower_bound=18_432,
+                         tiles=tiles)
+
+    return [row("off", "off", 55_296, 6_293_236.0),
+            row("auto", "1x6 up to relu_7, carried", 23_232, 6_662_679.0)]
+
+
+def test_rows_with_and_without_tiles_side_by_side():
+    rows = _tiled_rows()
+    text = table(rows)
+    header, off, tiled = text.splitlines()
+    assert "patches" in header.split()
+    assert "1x6 up to relu_7, carried" in tiled and "3.00" in off  # 55,296 / 18,432
+    assert "1.26" in tiled  # 23,232 / 18,432: the planned activations against the bound
+    per_mac, _ram = chart(rows).panels
+    assert [b.series for g in per_mac.groups for b in g.bars] == ["patches off",
+                                                                  "patches auto"]
+    assert to_json(rows)["rows"][1]["tiles"] == "1x6 up to relu_7, carried"
 
 
 def test_outputs_carry_every_row_and_the_reasons():
@@ -123,6 +160,10 @@ def test_cli_rejects_bad_jobs_and_unknown_model(capsys, tmp_path):
     )
     assert code == ExitCode.CONFIG and "no_such_model" in err
     assert not (tmp_path / "matrix.json").exists()  # nothing written for a refused filter
+    code, err = _cli(["matrix", "--boards", "qemu-an505", "--models", "ds_cnn", "--patches",
+                      "off", "0x3", "--out", str(tmp_path)], capsys)
+    assert code == ExitCode.CONFIG and "0x3" in err
+    assert not (tmp_path / "matrix.json").exists()
 
 
 def test_profile_command_takes_the_common_options(capsys, tmp_path):

@@ -776,11 +776,13 @@ def farm_exporter_config(board: str, serial: str, *, group: str | None = None,
 def matrix(boards: list[str] | None = None, models: list[str] | None = None,
            flows: list[str] | None = None, profiles: list[str] | None = None,
            out: Path | None = None, workspace: Path | None = None, jobs: int = 1,
-           progress: Progress = _quiet):
+           progress: Progress = _quiet, patches: list[str] | None = None):
     """Build, and run where the board's runner is available, every board x model x flow x
-    profile the filter selects (None: every board, every model, each board's allowed flows,
-    the speed profile); writes matrix.json, matrix.md and matrix.svg to `out` (default
-    build/matrix). Returns the rows (matrix.MatrixRow), one per combination."""
+    profile x patches setting the filter selects (None: every board, every model, each
+    board's allowed flows, the speed profile, each board file's own patches setting); writes
+    matrix.json, matrix.md and matrix.svg to `out` (default build/matrix). Returns the rows
+    (matrix.MatrixRow), one per combination."""
+    from deploykit.flows.patches import parse_patches
     from deploykit.pipeline.matrix import combinations, run_matrix, write_outputs
     from deploykit.pipeline.profiles import PROFILES
     from deploykit.program.imported import is_program_file
@@ -794,8 +796,14 @@ def matrix(boards: list[str] | None = None, models: list[str] | None = None,
         raise ConfigError(f"-j {jobs}: the number of workers must be at least 1.",
                           "Give -j 1 or more (each worker is one process).")
     out = Path(out or Path("build") / "matrix")
+    settings: list[str | None] = [None]
+    if patches:
+        for setting in patches:
+            parse_patches(setting)  # a bad setting fails here, before any build
+        settings = [s.strip().lower() for s in dict.fromkeys(patches)]
     combos = combinations(boards or available_boards(),
-                          models or list_models(repo_root()), flows, profiles or ["speed"])
+                          models or list_models(repo_root()), flows, profiles or ["speed"],
+                          settings)
     for name in {c.model for c in combos}:
         if not is_program_file(name):  # a .pte was read by combinations()
             resolve_model_path(name, repo_root())  # an unknown model fails here, not later

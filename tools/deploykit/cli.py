@@ -386,10 +386,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("matrix", help="build and run every board x model x flow x profile "
                        "a filter selects; one table of results, sizes and instructions per MAC",
-                       description="Build every board x model x flow x profile the filter "
-                       "selects, run each where the board's runner is available here, and "
-                       "write one table (terminal, <out>/matrix.md), <out>/matrix.json and "
-                       "<out>/matrix.svg (instructions per MAC and RAM, grouped per model): "
+                       description="Build every board x model x flow x profile (x patches "
+                       "setting) the filter selects, run each where the board's runner is "
+                       "available here, and write one table (terminal, <out>/matrix.md), "
+                       "<out>/matrix.json and <out>/matrix.svg (instructions per MAC and RAM, "
+                       "grouped per model): the tiles of the first layers, "
                        "result (PASS or the failure class), flash and RAM as "
                        "linked, RAM needed, instructions per inference, MACs, instructions per "
                        "MAC, planned activation memory against its lower bound, NPU segments "
@@ -401,6 +402,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="flows (default: each board's allowed flows)")
     p.add_argument("--profiles", nargs="+", metavar="PROFILE", choices=list(PROFILES),
                    help="build profiles (default: speed)")
+    p.add_argument("--patches", nargs="+", metavar="auto|NxM|off",
+                   help="patch settings of the first layers, each a column of combinations "
+                   "(e.g. --patches off auto: the model with and without tiles side by side); "
+                   "left out for flows that cannot tile (default: each board file's own, "
+                   "docs/memory.md)")
     p.add_argument("-j", "--jobs", type=int, default=1,
                    help="worker processes (default 1); on 2 cores use -j 2 at most")
     p.add_argument("--out", type=Path, help="output directory (default build/matrix)")
@@ -650,7 +656,8 @@ def _dispatch(args: argparse.Namespace, out: _Output) -> int:
         from deploykit.pipeline.matrix import table
 
         rows = api.matrix(args.boards, args.models, args.flows, args.profiles, args.out,
-                          args.workspace, args.jobs, progress=out.progress)
+                          args.workspace, args.jobs, progress=out.progress,
+                          patches=args.patches)
         out.result(rows, table(rows))
         return 0 if all(r.result in ("PASS", "BUILT") for r in rows) else 1
     if cmd == "npu-sweep":

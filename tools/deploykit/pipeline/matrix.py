@@ -1,8 +1,10 @@
-"""The board x model x flow x profile matrix: build every combination a filter selects, run it
-where the board's runner is available here, and tabulate what a user chooses a board by.
+"""The board x model x flow x profile (x patches) matrix: build every combination a filter
+selects, run it where the board's runner is available here, and tabulate what a user chooses a
+board by.
 
 Each row: the result (PASS, or the failure class: MEMORY when the plan does not fit, BUILD,
-MISMATCH, ...; BUILT when the firmware was built but no runner is available here), flash and
+MISMATCH, ...; BUILT when the firmware was built but no runner is available here), the tiles
+of the first layers the export made (`--patches`, flows/patches.py), flash and
 RAM as linked, the RAM the run needed (static data + measured pool, stack and heap peaks),
 instructions per inference (QEMU icount), MACs (inspect), instructions per MAC, the NPU
 segments with Vela's cycle estimate, the CPU-fallback operators and float islands, and the
@@ -38,10 +40,16 @@ class Combination:
     model: str
     flow: str
     profile: str
+    patches: str | None = None  # a --patches setting; None: the board file's own
 
     @property
     def name(self) -> str:
-        return f"{self.board}/{self.model}/{self.flow}/{self.profile}"
+        return _name(self)
+
+
+def _name(c: Combination | MatrixRow) -> str:
+    return f"{c.board}/{c.model}/{c.flow}/{c.profile}" + \
+        (f"/patches={c.patches}" if c.patches is not None else "")
 
 
 @dataclass
@@ -50,6 +58,7 @@ class MatrixRow:
     model: str
     flow: str
     profile: str
+    patches: str | None = None  # the --patches setting given; None: the board file's own
     result: str = ""  # PASS, BUILT (no runner here), or the failure class (ExitCode name)
     reason: str = ""  # why it did not pass, or why it was not run
     flash: int | None = None  # bytes of the firmware image
@@ -63,7 +72,13 @@ class MatrixRow:
     float_islands: list[str] = field(default_factory=list)
     activation_planned: int | None = None
     activation_lower_bound: int | None = None
+    # What the export tiled ("1x6 up to relu_7, carried"), "off", or why `auto` did not.
+    tiles: str = ""
     seconds: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return _name(self)
 
     @property
     def instructions_per_mac(self) -> float | None:
@@ -77,13 +92,24 @@ def combinations(
     models: Iterable[str],
     flows: Iterable[str] | None,
     profiles: Iterable[str],
+    patches: Iterable[str | None] = (None,),
 ) -> list[Combination]:
-    """Every board x model x flow x profile; `flows` None means each board's allowed flows.
-    A flow a board does not allow is left out for that board (not an error). A .pte model has
-    one flow, its own (program/imported.py), on every board: where the board cannot run it,
-    its row says why."""
+    """Every board x model x flow x profile x patches setting; `flows` None means each board's
+    allowed flows. A flow a board does not allow is left out for that board (not an error), and
+    so is a patches setting other than off for a flow that cannot tile (the Ethos-U and XNNPACK
+    flows) or a compiled model (.pte). A .pte model has one flow, its own
+    (program/imported.py), on every board: where the board cannot run it, its row says why."""
+    from deploykit.flows import get_flow
+    from deploykit.flows.patches import OFF
     from deploykit.program.imported import is_program_file, read_program
     from deploykit.readers.boards import load_board
+
+    settings = list(patches)
+
+    def tiles_with(flow: str, model: str) -> list[str | None]:
+        if is_program_file(model) or get_flow(flow).patches_refusal:
+            return [s for s in settings if s in (None, OFF)]
+        return settings
 
     out = []
     wanted = list(flows) if flows is not None else None
@@ -95,11 +121,13 @@ def combinations(
             own = program_flows.get(m)
             for f in ([own] if own and (wanted is None or own in wanted) else
                       [] if own else chosen):
-                out += [Combination(board, m, f, p) for p in profiles]
+                out += [Combination(board, m, f, p, s) for p in profiles
+                        for s in tiles_with(f, m)]
     if not out:
         raise ConfigError(
             "The filter selects no combination.",
-            "Check --flows against each board's allowed flows (deploykit boards).",
+            "Check --flows against each board's allowed flows (deploykit boards); --patches "
+            "other than off takes the cortex_m_int8 or portable_fp32 flow.",
         )
     return out
 
@@ -111,8 +139,8 @@ def run_matrix(
     jobs: int = 1,
     progress: Progress = lambda _m: None,
 ) -> list[MatrixRow]:
-    """Build and run every combination under `out/<board>/<model>-<flow>-<profile>/`; rows in
-    the order of `combos`."""
+    """Build and run every combination under `out/<board>/<model>-<flow>-<profile>/` (with
+    `-patches-<setting>` when one is given); rows in the order of `combos`."""
     groups: dict[tuple[str, str, str], list[Combination]] = {}
     for c in combos:
         groups.setdefault((c.board, c.flow, c.profile), []).append(c)
@@ -131,7 +159,7 @@ def run_matrix(
         progress(f"{len(combos)} combinations in {len(groups)} groups, {jobs} worker(s)")
         for future in as_completed(futures):
             for row in future.result():
-                c = Combination(row.board, row.model, row.flow, row.profile)
+                c = Combination(row.board, row.model, row.flow, row.profile, row.patches)
                 rows[c] = row
                 progress(
                     f"{c.name}: {row.result}"
@@ -145,8 +173,12 @@ def _limit_build_jobs(build_jobs: str) -> None:
 
 
 def _run_group(group: list[Combination], out: Path, workspace: Path | None) -> list[MatrixRow]:
-    return [run_one(c, out / c.board / f"{Path(c.model).stem}-{c.flow}-{c.profile}", workspace)
-            for c in group]
+    return [run_one(c, out / c.board / _folder(c), workspace) for c in group]
+
+
+def _folder(c: Combination) -> str:
+    return f"{Path(c.model).stem}-{c.flow}-{c.profile}" + \
+        (f"-patches-{c.patches}" if c.patches is not None else "")
 
 
 def run_one(c: Combination, out: Path, workspace: Path | None) -> MatrixRow:
@@ -158,17 +190,18 @@ def run_one(c: Combination, out: Path, workspace: Path | None) -> MatrixRow:
     from deploykit.readers.sizes import size_report
     from deploykit.util.errors import EnvironmentProblem
 
-    row = MatrixRow(c.board, c.model, c.flow, c.profile)
+    row = MatrixRow(c.board, c.model, c.flow, c.profile, c.patches)
     start = time.monotonic()
 
     def quiet(_message: str) -> None:
         pass
 
     try:
-        target = resolve_target(c.board, flow=c.flow, profile=c.profile,
+        target = resolve_target(c.board, flow=c.flow, profile=c.profile, patches=c.patches,
                                 program=Path(c.model) if is_program_file(c.model) else None)
         exported = export_stage(target, c.model, out, quiet)
         _program_facts(row, inspect_pte(exported.pte_path))
+        row.tiles = _tiles(json.loads(exported.report_path.read_text()).get("patches"))
         try:
             target.runner.from_board(target.board).check_environment()
             runnable, why_not = True, ""
@@ -200,6 +233,16 @@ def run_one(c: Combination, out: Path, workspace: Path | None) -> MatrixRow:
     return row
 
 
+def _tiles(report: dict | None) -> str:
+    """The export report's `patches` (flows/patches.py, Tiler) in a few words."""
+    if not report or report.get("setting", "off") == "off":
+        return "off"
+    if not report.get("grid"):
+        return str(report.get("reason") or "left unpatched")
+    overlap = str(report.get("overlap", "")).split(":")[0]
+    return f"{report['grid']} up to {report['split']}" + (f", {overlap}" if overlap else "")
+
+
 def _program_facts(row: MatrixRow, info) -> None:
     row.macs = info.macs
     row.fallback_ops = list(info.cpu_fallback_ops)
@@ -219,6 +262,7 @@ COLUMNS = (
     "model",
     "flow",
     "profile",
+    "patches",
     "result",
     "flash KiB",
     "RAM KiB",
@@ -256,6 +300,7 @@ def _cells(r: MatrixRow) -> list[str]:
         r.model,
         r.flow,
         r.profile,
+        r.tiles if len(r.tiles) <= 40 else r.tiles[:39] + "…",
         r.result,
         _kib(r.flash),
         _kib(r.ram_linked),
@@ -277,8 +322,7 @@ def table(rows: list[MatrixRow]) -> str:
         "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells
     ]
     lines += [
-        f"{r.board}/{r.model}/{r.flow}/{r.profile}: {r.result}: "
-        f"{r.reason.splitlines()[0] if r.reason else ''}"
+        f"{r.name}: {r.result}: {r.reason.splitlines()[0] if r.reason else ''}"
         for r in rows
         if r.result != "PASS"
     ]
@@ -289,13 +333,12 @@ def markdown(rows: list[MatrixRow]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in rows]
     notes = [
-        f"- {r.board}/{r.model}/{r.flow}/{r.profile}: {r.result}: "
-        f"{r.reason.splitlines()[0] if r.reason else ''}"
+        f"- {r.name}: {r.result}: {r.reason.splitlines()[0] if r.reason else ''}"
         for r in rows
         if r.result != "PASS"
     ]
     notes += [
-        f"- {r.board}/{r.model}/{r.flow}/{r.profile}: {island}"
+        f"- {r.name}: {island}"
         for r in rows
         for island in r.float_islands
     ]
@@ -310,7 +353,7 @@ def to_json(rows: list[MatrixRow]) -> dict:
 
 
 # The fields a series of the chart is named by, in this order: those that differ between rows.
-SERIES_FIELDS = ("board", "flow", "profile")
+SERIES_FIELDS = ("board", "flow", "profile", "patches")
 
 
 def chart(rows: list[MatrixRow]) -> charts.Chart:
@@ -318,11 +361,19 @@ def chart(rows: list[MatrixRow]) -> charts.Chart:
     instructions per MAC, and RAM linked against the measured need. A combination that did
     not run has its result written instead of a bar. No times: the same results give the same
     file."""
+    def field_text(r: MatrixRow, f: str) -> str:
+        value = getattr(r, f)
+        if f == "patches":
+            return f"patches {value}" if value is not None else "board's patches"
+        return value
+
     varying = [f for f in SERIES_FIELDS if len({getattr(r, f) for r in rows}) > 1]
-    fixed = [getattr(rows[0], f) for f in SERIES_FIELDS if f not in varying] if rows else []
+    fixed = [field_text(rows[0], f) for f in SERIES_FIELDS
+             if f not in varying and (f != "patches" or rows[0].patches is not None)] \
+        if rows else []
 
     def series(r: MatrixRow) -> str:
-        return " ".join(getattr(r, f) for f in varying) or "all"
+        return " ".join(field_text(r, f) for f in varying) or "all"
 
     models = list(dict.fromkeys(r.model for r in rows))
     order = list(dict.fromkeys(series(r) for r in rows))
