@@ -21,17 +21,41 @@ from tests.markers import requires_cmake, requires_qemu, requires_sources, requi
 
 pytestmark = [requires_toolchain, requires_cmake, requires_qemu, requires_sources]
 
+def _model_file(layers: str, size: int) -> str:
+    """A model file: the conv-BN-ReLU6 helper, `layers` (a Net with a `features` stage),
+    seeded BatchNorm statistics, and a size x size input with its calibration set."""
+    return textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        def cbr(cin, cout, k, s, groups=1):
+            return nn.Sequential(nn.Conv2d(cin, cout, k, s, k // 2, groups=groups, bias=False),
+                                 nn.BatchNorm2d(cout), nn.ReLU6())
+        """) + textwrap.dedent(layers) + textwrap.dedent(f"""
+        def model():
+            torch.manual_seed(0)
+            net = Net().eval()
+            for m in net.modules():
+                if isinstance(m, nn.BatchNorm2d):
+                    m.running_mean.uniform_(-0.2, 0.2)
+                    m.running_var.uniform_(0.5, 1.5)
+            return net
+
+        def example_inputs():
+            g = torch.Generator().manual_seed(1)
+            return (torch.rand(1, 3, {size}, {size}, generator=g),)
+
+        def calibration_inputs():
+            g = torch.Generator().manual_seed(2)
+            return [example_inputs(),
+                    *((torch.rand(1, 3, {size}, {size}, generator=g),) for _ in range(3))]
+        """)
+
+
 # The first layers of a MobileNet at 96x96: a strided stem, a depthwise-separable block with
 # a max pooling, an inverted-residual block (a residual add inside the stage), then a global
 # pool and a classifier (where tiling stops).
-SMALL_CNN = textwrap.dedent("""
-    import torch
-    from torch import nn
-
-    def cbr(cin, cout, k, s, groups=1):
-        return nn.Sequential(nn.Conv2d(cin, cout, k, s, k // 2, groups=groups, bias=False),
-                             nn.BatchNorm2d(cout), nn.ReLU6())
-
+SMALL_CNN = _model_file("""
     class Residual(nn.Module):
         def __init__(self, c):
             super().__init__()
@@ -52,39 +76,14 @@ SMALL_CNN = textwrap.dedent("""
 
         def forward(self, x):
             return self.fc(torch.flatten(self.pool(self.features(x)), 1))
-
-    def model():
-        torch.manual_seed(0)
-        net = Net().eval()
-        for m in net.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.2, 0.2)
-                m.running_var.uniform_(0.5, 1.5)
-        return net
-
-    def example_inputs():
-        g = torch.Generator().manual_seed(1)
-        return (torch.rand(1, 3, 96, 96, generator=g),)
-
-    def calibration_inputs():
-        g = torch.Generator().manual_seed(2)
-        return [example_inputs(), *((torch.rand(1, 3, 96, 96, generator=g),) for _ in range(3))]
-""")
-
+    """, 96)
 
 # A chain (MobileNetV1's first layers at 128x128, large enough for the M55's depthwise scratch
 # to be within the estimate's margin: a strided stem, depthwise-separable blocks, one
 # strided): a single row of tiles carries its overlap from tile to tile (slices of the kept
 # columns joined to each tile's own, padding only at the map's borders), recomputing only
 # the few border columns.
-CHAIN_CNN = textwrap.dedent("""
-    import torch
-    from torch import nn
-
-    def cbr(cin, cout, k, s, groups=1):
-        return nn.Sequential(nn.Conv2d(cin, cout, k, s, k // 2, groups=groups, bias=False),
-                             nn.BatchNorm2d(cout), nn.ReLU6())
-
+CHAIN_CNN = _model_file("""
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
@@ -96,24 +95,7 @@ CHAIN_CNN = textwrap.dedent("""
 
         def forward(self, x):
             return self.fc(torch.flatten(self.pool(self.features(x)), 1))
-
-    def model():
-        torch.manual_seed(0)
-        net = Net().eval()
-        for m in net.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.2, 0.2)
-                m.running_var.uniform_(0.5, 1.5)
-        return net
-
-    def example_inputs():
-        g = torch.Generator().manual_seed(1)
-        return (torch.rand(1, 3, 128, 128, generator=g),)
-
-    def calibration_inputs():
-        g = torch.Generator().manual_seed(2)
-        return [example_inputs(), *((torch.rand(1, 3, 128, 128, generator=g),) for _ in range(3))]
-""")
+    """, 128)
 MODELS = {"small_cnn": SMALL_CNN, "chain_cnn": CHAIN_CNN}
 
 
