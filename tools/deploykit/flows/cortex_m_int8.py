@@ -60,7 +60,7 @@ from deploykit.flows.one_channel_conv import (
 )
 from deploykit.flows.patches import OFF, Tiler, share_constants
 from deploykit.flows.pt2e import dequantize, io_quant, quantize, quantize_pt2e
-from deploykit.readers.op_coverage import model_line
+from deploykit.readers.op_coverage import deploykit_kernel_ops, model_line
 from deploykit.util.errors import ConfigError, ExportError
 
 if TYPE_CHECKING:
@@ -267,10 +267,19 @@ class CortexMInt8(Flow):
                       options: ExportOptions) -> list[str]:
         warn = []
         rest = [o for o in op_list if not o.startswith(INT8_NAMESPACES)]
-        if rest:
+        # deploykit's own kernels (firmware/kernels) replace the portable ones of these
+        # operators in every firmware of this flow: its copies run in memory order.
+        own = deploykit_kernel_ops()
+        portable = [o for o in rest if o not in own]
+        if portable:
             warn.append("Not all operators were lowered to cortex_m (or deploykit's int8 "
                         "operators); these run as portable kernels (the firmware must include "
-                        f"them): {', '.join(rest)}.")
+                        f"them): {', '.join(portable)}.")
+        if len(portable) < len(rest):
+            warn.append("Not all operators were lowered to cortex_m (or deploykit's int8 "
+                        "operators); these run deploykit's own kernels "
+                        "(firmware/kernels/functions.yaml): "
+                        f"{', '.join(o for o in rest if o in own)}.")
         if not any(o.startswith("cortex_m::quantized_") for o in op_list):
             warn.append("No cortex_m::quantized_* operator: nothing runs in int8 CMSIS-NN "
                         "kernels. Check that the model uses supported layers.")
