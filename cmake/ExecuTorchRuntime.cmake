@@ -94,6 +94,25 @@ option(DK_PROFILE_EVENTS "Profiling firmware: the runtime with its EventTracer h
 # deploykit turns it OFF for programs with no convolution written over its input
 # (readers/pte_reader.py, in_place_definition): the bands' code is left out of the image.
 option(DK_CMSIS_NN_IN_PLACE "Run convolutions written over their input (in bands)" ON)
+# The CMSIS-NN kernels the program's layers take (readers/cmsis_nn_kernels.py): "wrapper"
+# (CMSIS-NN's wrapper picks at run time; all its kernels are linked), "none", or a list of
+# kernels, which firmware/kernels/cmsis_nn_in_place.c calls directly.
+set(DK_CMSIS_NN_CONVOLUTION "wrapper" CACHE STRING
+    "CMSIS-NN convolution kernels to link: wrapper, none, or a list of 1x1_fast;1x1;1_x_n;generic")
+set(DK_CMSIS_NN_DEPTHWISE "wrapper" CACHE STRING
+    "CMSIS-NN depthwise kernels to link: wrapper, none, or a list of 3x3;opt;generic")
+set(_dk_conv_kernels 1x1_fast 1x1 1_x_n generic)
+set(_dk_dw_kernels 3x3 opt generic)
+foreach(_kind CONVOLUTION DEPTHWISE)
+  foreach(_k IN LISTS DK_CMSIS_NN_${_kind})
+    if(NOT _k MATCHES "^(wrapper|none)$"
+       AND NOT (_kind STREQUAL "CONVOLUTION" AND _k IN_LIST _dk_conv_kernels)
+       AND NOT (_kind STREQUAL "DEPTHWISE" AND _k IN_LIST _dk_dw_kernels))
+      message(FATAL_ERROR "DK_CMSIS_NN_${_kind}=${DK_CMSIS_NN_${_kind}}: '${_k}' is not wrapper, "
+                          "none or a CMSIS-NN kernel deploykit calls directly.")
+    endif()
+  endforeach()
+endforeach()
 set(DK_ETHOS_U_DRIVER_DIR "" CACHE PATH "Ethos-U core driver sources")
 set(DK_CMSIS_DIR "" CACHE PATH "CMSIS_6 sources (CMSIS/Core/Include)")
 set(DK_ETHOS_U_NPU_CONFIG "" CACHE STRING "The driver's ETHOSU_TARGET_NPU_CONFIG, ethos-u85-256")
@@ -508,6 +527,23 @@ function(dk_executorch_link target)
       else()
         target_compile_definitions(${_t} PRIVATE DK_CMSIS_NN_STATUS=1 DK_CMSIS_NN_IN_PLACE=0)
       endif()
+      foreach(_kind CONV DW)
+        set(_var DK_CMSIS_NN_DEPTHWISE)
+        set(_kernels ${_dk_dw_kernels})
+        if(_kind STREQUAL "CONV")
+          set(_var DK_CMSIS_NN_CONVOLUTION)
+          set(_kernels ${_dk_conv_kernels})
+        endif()
+        if(NOT ${_var} STREQUAL "wrapper")
+          target_compile_definitions(${_t} PRIVATE DK_CMSIS_NN_${_kind}_SELECTED=1)
+          foreach(_k IN LISTS _kernels)
+            if(_k IN_LIST ${_var})
+              string(TOUPPER "${_k}" _K)
+              target_compile_definitions(${_t} PRIVATE DK_CMSIS_NN_${_kind}_${_K}=1)
+            endif()
+          endforeach()
+        endif()
+      endforeach()
     endif()
   endforeach()
   if(DK_LTO)

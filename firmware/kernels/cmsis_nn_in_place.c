@@ -59,7 +59,58 @@ static const int8_t *dk_band_input(const dk_layer_t *layer, int32_t first_row, i
   return layer->input + first_in * input_dims->w * input_dims->c;
 }
 
-/* The only call sites of the two CMSIS-NN wrappers, so that LTO compiles the kernels as it
+/* The CMSIS-NN kernels the program's layers take: DK_CMSIS_NN_CONV_<KERNEL> and
+ * DK_CMSIS_NN_DW_<KERNEL>, set from the .pte (tools/deploykit/readers/cmsis_nn_kernels.py).
+ * A call goes to the first of them, in the wrapper's order, whose domain holds the layer, so
+ * the kernels no layer takes are not linked (a wrapper picks at run time and links them all).
+ * A band can prefer another kernel than its layer (less top padding, a single row): the one
+ * its layer takes still holds it, with the scratch the export gave. Without
+ * DK_CMSIS_NN_<KIND>_SELECTED the wrapper picks. */
+/* A program with no layer of a kind refuses every call of it. */
+#define DK_UNUSED_KERNEL_ARGUMENTS                                                               \
+  ((void)ctx, (void)params, (void)quant, (void)input_dims, (void)input, (void)filter_dims,       \
+   (void)filter, (void)bias_dims, (void)bias, (void)output_dims, (void)output)
+
+#ifdef DK_CMSIS_NN_CONV_SELECTED
+static arm_cmsis_nn_status dk_convolve_kernel(
+    const cmsis_nn_context *ctx, const cmsis_nn_conv_params *params,
+    const cmsis_nn_per_channel_quant_params *quant, const cmsis_nn_dims *input_dims,
+    const int8_t *input, const cmsis_nn_dims *filter_dims, const int8_t *filter,
+    const cmsis_nn_dims *bias_dims, const int32_t *bias, const cmsis_nn_dims *output_dims,
+    int8_t *output) {
+  if (arm_nn_is_convolve_1x1(params, input_dims, filter_dims)) {
+#if DK_CMSIS_NN_CONV_1X1_FAST
+    if (arm_nn_is_convolve_1x1_fast(params)) {
+      return arm_convolve_1x1_s8_fast(ctx, params, quant, input_dims, input, filter_dims,
+                                      filter, bias_dims, bias, output_dims, output);
+    }
+#endif
+#if DK_CMSIS_NN_CONV_1X1
+    if (!arm_nn_is_convolve_1x1_fast(params)) {
+      return arm_convolve_1x1_s8(ctx, params, quant, input_dims, input, filter_dims, filter,
+                                 bias_dims, bias, output_dims, output);
+    }
+#endif
+  }
+#if DK_CMSIS_NN_CONV_1_X_N
+  else if (arm_nn_is_convolve_1_x_n(params, input_dims, filter_dims)) {
+    return arm_convolve_1_x_n_s8(ctx, params, quant, input_dims, input, filter_dims, filter,
+                                 bias_dims, bias, output_dims, output);
+  }
+#endif
+#if DK_CMSIS_NN_CONV_GENERIC
+  return arm_convolve_s8(ctx, params, quant, input_dims, input, filter_dims, filter, bias_dims,
+                         bias, NULL, output_dims, output);
+#else
+  DK_UNUSED_KERNEL_ARGUMENTS;
+  return ARM_CMSIS_NN_ARG_ERROR;
+#endif
+}
+#else
+#define dk_convolve_kernel arm_convolve_wrapper_s8
+#endif
+
+/* The only call sites of the CMSIS-NN kernels (or wrappers), so that LTO compiles them as it
  * would without this file. */
 static arm_cmsis_nn_status dk_conv_band(const dk_layer_t *layer,
                                         const cmsis_nn_context *kernel_ctx, int32_t first_row,
@@ -68,10 +119,45 @@ static arm_cmsis_nn_status dk_conv_band(const dk_layer_t *layer,
   cmsis_nn_conv_params params = *(const cmsis_nn_conv_params *)layer->params;
   const int8_t *input =
       dk_band_input(layer, first_row, rows, &input_dims, &output_dims, &params.padding.h);
-  return arm_convolve_wrapper_s8(kernel_ctx, &params, layer->quant, &input_dims, input,
-                                 layer->filter_dims, layer->filter, layer->bias_dims, layer->bias,
-                                 &output_dims, out);
+  return dk_convolve_kernel(kernel_ctx, &params, layer->quant, &input_dims, input,
+                            layer->filter_dims, layer->filter, layer->bias_dims, layer->bias,
+                            &output_dims, out);
 }
+
+#ifdef DK_CMSIS_NN_DW_SELECTED
+static arm_cmsis_nn_status dk_depthwise_kernel(
+    const cmsis_nn_context *ctx, const cmsis_nn_dw_conv_params *params,
+    const cmsis_nn_per_channel_quant_params *quant, const cmsis_nn_dims *input_dims,
+    const int8_t *input, const cmsis_nn_dims *filter_dims, const int8_t *filter,
+    const cmsis_nn_dims *bias_dims, const int32_t *bias, const cmsis_nn_dims *output_dims,
+    int8_t *output) {
+  const int plain = params->ch_mult == 1 && input_dims->n == 1 && params->dilation.w == 1 &&
+                    params->dilation.h == 1;
+#if !defined(ARM_MATH_MVEI) && DK_CMSIS_NN_DW_3X3 /* the wrapper takes it only without MVE */
+  if (plain && filter_dims->w == 3 && filter_dims->h == 3 && params->padding.h <= 1 &&
+      params->padding.w <= 1) {
+    return arm_depthwise_conv_3x3_s8(ctx, params, quant, input_dims, input, filter_dims, filter,
+                                     bias_dims, bias, output_dims, output);
+  }
+#endif
+#if DK_CMSIS_NN_DW_OPT
+  if (plain) {
+    return arm_depthwise_conv_s8_opt(ctx, params, quant, input_dims, input, filter_dims, filter,
+                                     bias_dims, bias, output_dims, output);
+  }
+#endif
+#if DK_CMSIS_NN_DW_GENERIC
+  return arm_depthwise_conv_s8(ctx, params, quant, input_dims, input, filter_dims, filter,
+                               bias_dims, bias, output_dims, output);
+#else
+  (void)plain;
+  DK_UNUSED_KERNEL_ARGUMENTS;
+  return ARM_CMSIS_NN_ARG_ERROR;
+#endif
+}
+#else
+#define dk_depthwise_kernel arm_depthwise_conv_wrapper_s8
+#endif
 
 static arm_cmsis_nn_status dk_dw_band(const dk_layer_t *layer,
                                       const cmsis_nn_context *kernel_ctx, int32_t first_row,
@@ -80,9 +166,9 @@ static arm_cmsis_nn_status dk_dw_band(const dk_layer_t *layer,
   cmsis_nn_dw_conv_params params = *(const cmsis_nn_dw_conv_params *)layer->params;
   const int8_t *input =
       dk_band_input(layer, first_row, rows, &input_dims, &output_dims, &params.padding.h);
-  return arm_depthwise_conv_wrapper_s8(kernel_ctx, &params, layer->quant, &input_dims, input,
-                                       layer->filter_dims, layer->filter, layer->bias_dims,
-                                       layer->bias, &output_dims, out);
+  return dk_depthwise_kernel(kernel_ctx, &params, layer->quant, &input_dims, input,
+                             layer->filter_dims, layer->filter, layer->bias_dims, layer->bias,
+                             &output_dims, out);
 }
 
 /* The ring after the kernel's scratch: a waiting area of pad_top rows, then the band being

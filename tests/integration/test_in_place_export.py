@@ -16,6 +16,7 @@ import pytest
 from deploykit.flows import in_place
 from deploykit.program.export import export
 from deploykit.program.models import load_model
+from deploykit.readers.cmsis_nn_kernels import kernel_definitions
 from deploykit.readers.pte_reader import (
     IN_PLACE_CONVOLUTIONS,
     in_place_convolutions,
@@ -75,6 +76,13 @@ def test_a_residual_chain_is_planned_in_place(tmp_path, cpu):
     program = load_program(result.pte_path.read_bytes(), str(result.pte_path))
     assert in_place_convolutions(program) == 6
     assert in_place_definition([result.pte_path]) == {"DK_CMSIS_NN_IN_PLACE": "ON"}
+    # The CMSIS-NN kernels the firmware links, as the wrappers would pick them: the 1x1 layer's
+    # fast path and the generic convolution for the rest; the 3x3 depthwise layer's kernel of
+    # the CPU's path, and the generic one for the dilated layer.
+    mve = cpu == "cortex-m55"
+    assert kernel_definitions([result.pte_path], mve=mve) == {
+        "DK_CMSIS_NN_CONVOLUTION": "1x1_fast;generic",
+        "DK_CMSIS_NN_DEPTHWISE": "opt;generic" if mve else "3x3;generic"}
 
 
 SMALL_AFTER_LARGE = """

@@ -48,6 +48,7 @@ from deploykit.program.input_sets import InputSets, load_input_sets
 from deploykit.program.inspect import ProgramInfo, inspect_pte
 from deploykit.program.models import ModelSpec, load_model, resolve_model_path
 from deploykit.readers.boards import Board, repo_root
+from deploykit.readers.cmsis_nn_kernels import kernel_definitions
 from deploykit.readers.execute_failure import LocatedFailure
 from deploykit.readers.footprint import Footprint, footprint
 from deploykit.readers.protocol import RunRecords
@@ -442,6 +443,7 @@ def build_firmware(target: Target, model: str, out: Path, workspace: Path | None
         **family.build_definitions(board, ws),
         **flow_definitions,
         **in_place_definition([exported.pte_path]),
+        **kernel_definitions([exported.pte_path], mve=bool(board.cpu.get("mve"))),
         **(variant.definitions if variant else {}),
     }
 

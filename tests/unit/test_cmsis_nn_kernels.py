@@ -1,0 +1,62 @@
+"""The CMSIS-NN kernel each convolution and depthwise layer takes, as CMSIS-NN's wrappers pick
+them (readers/cmsis_nn_kernels.py): the firmware links only the kernels a program's layers
+take. The choices on real programs are checked in tests/integration/test_in_place_export.py,
+and the firmware built from them in test_in_place_qemu.py and test_cmsis_nn_kernels_qemu.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from deploykit.readers.cmsis_nn_kernels import (
+    CONV_KERNELS,
+    DEPTHWISE_KERNELS,
+    WRAPPER_ONLY,
+    conv_kernel,
+    definition_value,
+    depthwise_kernel,
+)
+
+
+@pytest.mark.parametrize(("case", "input_sizes", "weight", "stride", "padding", "dilation",
+                          "kernel"), [
+    ("pointwise", [1, 16, 8, 8], [32, 1, 1, 16], [1, 1], [0, 0], [1, 1], "1x1_fast"),
+    ("strided pointwise", [1, 16, 8, 8], [32, 1, 1, 16], [2, 2], [0, 0], [1, 1], "1x1"),
+    ("padded pointwise", [1, 16, 8, 8], [32, 1, 1, 16], [1, 1], [1, 1], [1, 1], "generic"),
+    ("grouped pointwise", [1, 16, 8, 8], [32, 1, 1, 8], [1, 1], [0, 0], [1, 1], "generic"),
+    ("1xN on one row", [1, 16, 1, 49], [32, 1, 5, 16], [1, 1], [0, 2], [1, 1], "1_x_n"),
+    ("1xN, 3 channels x stride 1", [1, 3, 1, 49], [8, 1, 5, 3], [1, 1], [0, 2], [1, 1],
+     "generic"),
+    ("1xN on two rows", [1, 16, 2, 49], [32, 1, 5, 16], [1, 1], [0, 2], [1, 1], "generic"),
+    ("3x3", [1, 16, 8, 8], [32, 3, 3, 16], [1, 1], [1, 1], [1, 1], "generic"),
+])
+def test_the_convolution_kernel_is_the_wrappers(case, input_sizes, weight, stride, padding,
+                                                dilation, kernel):
+    assert conv_kernel(input_sizes, weight, stride, padding, dilation) == kernel, case
+
+
+@pytest.mark.parametrize(("case", "input_sizes", "out_channels", "kernel_hw", "padding",
+                          "dilation", "multiplier", "mve", "kernel"), [
+    ("3x3 on MVE", [1, 64, 25, 5], 64, (3, 3), [1, 1], [1, 1], 1, True, "opt"),
+    ("3x3 on DSP", [1, 64, 25, 5], 64, (3, 3), [1, 1], [1, 1], 1, False, "3x3"),
+    ("3x3, padding 2, on DSP", [1, 64, 25, 5], 64, (3, 3), [2, 2], [1, 1], 1, False, "opt"),
+    ("5x5 on DSP", [1, 64, 25, 5], 64, (5, 5), [2, 2], [1, 1], 1, False, "opt"),
+    ("dilated", [1, 64, 25, 5], 64, (3, 3), [2, 2], [2, 2], 1, True, "generic"),
+    ("multiplier 2", [1, 32, 25, 5], 64, (3, 3), [1, 1], [1, 1], 2, False, "generic"),
+    ("batch 2", [2, 64, 25, 5], 64, (3, 3), [1, 1], [1, 1], 1, False, "generic"),
+    ("one input channel on MVE", [1, 1, 49, 10], 64, (10, 4), [4, 1], [1, 1], 64, True,
+     WRAPPER_ONLY),
+    ("one input channel on DSP", [1, 1, 49, 10], 64, (10, 4), [4, 1], [1, 1], 64, False,
+     "generic"),
+])
+def test_the_depthwise_kernel_is_the_wrappers(case, input_sizes, out_channels, kernel_hw,
+                                              padding, dilation, multiplier, mve, kernel):
+    assert depthwise_kernel(input_sizes, out_channels, kernel_hw, padding, dilation, multiplier,
+                            mve) == kernel, case
+
+
+def test_the_definition_lists_kernels_in_the_firmwares_order():
+    assert definition_value({"generic", "1x1_fast"}, CONV_KERNELS) == "1x1_fast;generic"
+    assert definition_value({"generic", "opt", "3x3"}, DEPTHWISE_KERNELS) == "3x3;opt;generic"
+    assert definition_value(set(), DEPTHWISE_KERNELS) == "none"
+    # A layer only the wrapper runs keeps the wrapper, and with it every kernel.
+    assert definition_value({"opt", WRAPPER_ONLY}, DEPTHWISE_KERNELS) == "wrapper"
