@@ -5,31 +5,52 @@
 # depend on, one `name=value` line each; <key> is the first 16 hex digits of its SHA-256 and
 # <label> `et<version>-<core>` (the directory is <cache>/<label>-<key>). Inputs, from the
 # caller's scope: EXECUTORCH_SOURCE_DIR (version.txt is read), DK_ET_COMMIT, DK_CMSIS_NN_DIR,
-# _dk_flatc, the compilers and their versions, CMAKE_GENERATOR, CMAKE_TOOLCHAIN_FILE (hashed)
-# and DK_TOOLCHAIN_PREFIX, DK_GENERATED_DIR/board.cmake (DK_CPU_FLAGS, DK_CPU_CORE), the
-# firmware's C/C++ flags and those of the runtime's build type, and the build profile's
-# runtime options (docs/profiles.md): DK_ET_BUILD_TYPE, DK_ET_KERNEL_OPT, DK_ET_CMSIS_NN_OPT,
-# DK_ET_LOGGING, DK_ET_PIC, DK_LTO, plus DK_ET_FP_CONTRACT; with DK_ETHOS_U=ON also the NPU
-# half (ethos_u.cmake): the driver and CMSIS paths, the driver's commit (DK_ETHOS_U_DRIVER_COMMIT,
-# from the workspace) and the NPU configuration; and the deploykit that builds: its version
-# (DK_DEPLOYKIT_VERSION) and a hash of the runtime project's own files (this directory and
-# ExecuTorchRuntime.cmake), so that another deploykit sharing the cache makes its own runtime
-# instead of reusing objects it did not build. Without DK_ETHOS_U the text has no Ethos-U line, so
-# CPU-only keys are those of a runtime built before the NPU half existed. With
-# DK_PROFILE_EVENTS=ON (profiling firmware) the runtime is built with its EventTracer hooks and
-# the text has an `event_tracer=ON` line. The profile's
-# link-time options (kernel registry size, primitive operators, lean libc) are model-side: not in
-# the key.
+# _dk_flatc, the compilers and their versions, CMAKE_GENERATOR, CMAKE_TOOLCHAIN_FILE (its file
+# name and content hash) and DK_TOOLCHAIN_PREFIX, DK_GENERATED_DIR/board.cmake (DK_CPU_FLAGS,
+# DK_CPU_CORE), the firmware's C/C++ flags and those of the runtime's build type, and the build
+# profile's runtime options (docs/profiles.md): DK_ET_BUILD_TYPE, DK_ET_KERNEL_OPT,
+# DK_ET_CMSIS_NN_OPT, DK_ET_LOGGING, DK_ET_PIC, DK_LTO, plus DK_ET_FP_CONTRACT; with DK_ETHOS_U=ON
+# also the NPU half (ethos_u.cmake): the driver and CMSIS paths, the driver's commit
+# (DK_ETHOS_U_DRIVER_COMMIT, from the workspace) and the NPU configuration; and the deploykit
+# that builds: its version (DK_DEPLOYKIT_VERSION) and a hash of the runtime project's own files
+# (this directory and ExecuTorchRuntime.cmake), so that a deploykit whose runtime project differs
+# makes its own runtime instead of reusing objects it did not build.
+#
+# The key is by content, never by where deploykit is: no line names the checkout (the toolchain
+# file is keyed by its name and content, the project by its files' content), so checkouts with
+# byte-identical files sharing one workspace (a second clone, a git worktree, another venv's
+# install) share its runtimes. ExecuTorchRuntime.cmake copies the runtime project and the
+# toolchain file into the runtime directory (<dir>/project/, dk_et_runtime_project_files() lists
+# the files) and configures it from the copies, so the directory's build files name only itself
+# and the workspace. The paths that stay in the key (ExecuTorch, CMSIS-NN, flatc, compilers,
+# Ethos-U driver, CMSIS) are the workspace's and the machine's, the same for every checkout.
+#
+# Without DK_ETHOS_U the text has no Ethos-U line. With DK_PROFILE_EVENTS=ON (profiling
+# firmware) the runtime is built with its EventTracer hooks and the text has an
+# `event_tracer=ON` line. The profile's link-time options (kernel registry size, primitive
+# operators, lean libc) are model-side: not in the key.
+
+# The runtime project's files (this directory's), those the key hashes besides
+# ExecuTorchRuntime.cmake and those copied into a runtime directory, sorted.
+function(dk_et_runtime_project_files out)
+  file(GLOB _files ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/*.cmake
+       ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/*.h
+       ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/CMakeLists.txt)
+  list(SORT _files)
+  set(${out} ${_files} PARENT_SCOPE)
+endfunction()
+
 function(dk_et_runtime_key out_key out_label out_text)
   include(${DK_GENERATED_DIR}/board.cmake)  # DK_CPU_FLAGS, DK_CPU_CORE (function scope)
   file(SHA256 ${CMAKE_TOOLCHAIN_FILE} _tc)
   file(READ ${EXECUTORCH_SOURCE_DIR}/version.txt _etv)
   string(STRIP "${_etv}" _etv)
   string(TOUPPER "${DK_ET_BUILD_TYPE}" _bt)
-  file(GLOB _project_files ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/*.cmake
-       ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/*.h
-       ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/CMakeLists.txt
-       ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../ExecuTorchRuntime.cmake)
+  get_filename_component(_tc_name ${CMAKE_TOOLCHAIN_FILE} NAME)
+  dk_et_runtime_project_files(_project_files)
+  get_filename_component(_runtime_cmake
+                         ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../ExecuTorchRuntime.cmake ABSOLUTE)
+  list(APPEND _project_files ${_runtime_cmake})
   list(SORT _project_files)
   set(_project "")
   foreach(_f IN LISTS _project_files)
@@ -47,7 +68,7 @@ function(dk_et_runtime_key out_key out_label out_text)
       "cxx=${CMAKE_CXX_COMPILER} ${CMAKE_CXX_COMPILER_VERSION}"
       "c=${CMAKE_C_COMPILER} ${CMAKE_C_COMPILER_VERSION}"
       "generator=${CMAKE_GENERATOR}"
-      "toolchain=${CMAKE_TOOLCHAIN_FILE} ${_tc} ${DK_TOOLCHAIN_PREFIX}"
+      "toolchain=${_tc_name} ${_tc} ${DK_TOOLCHAIN_PREFIX}"
       "cpu_flags=${DK_CPU_FLAGS}"
       "c_flags=${CMAKE_C_FLAGS} | ${CMAKE_C_FLAGS_${_bt}}"
       "cxx_flags=${CMAKE_CXX_FLAGS} | ${CMAKE_CXX_FLAGS_${_bt}}"

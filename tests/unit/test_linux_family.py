@@ -119,3 +119,34 @@ def test_board_file_fields(tmp_path):
     no_linux = {k: v for k, v in data.items() if k != "linux"}
     with pytest.raises(ConfigError, match="no `linux:` section"):
         family_of(board_from_dict(no_linux, tmp_path / "rpi5.yaml"))
+
+
+@pytest.mark.timeout(60)
+def test_runtime_is_configured_from_its_own_toolchain_copy(tmp_path, monkeypatch):
+    """The aarch64 runtime's key hashes the toolchain file's content, so checkouts share its
+    directory: it is configured with a copy of the toolchain file kept in the directory, never
+    the checkout's (CMake records that path in the build directory). An unfinished build
+    configured from another path starts over. The commands are recorded, not run."""
+    import deploykit.families.linux_runtime as lr
+
+    commands: list[list[str]] = []
+    monkeypatch.setattr(lr, "require_tools", lambda *names: None)
+    monkeypatch.setattr(lr, "_compiler_version", lambda prefix: "12.2.0")
+    monkeypatch.setattr(lr, "_run_logged", lambda cmd, *args, **kw: commands.append(cmd))
+    cache = tmp_path / "runtime-cache"
+    key, _ = lr.runtime_key(["-mcpu=cortex-a76"], COMMITS)
+    directory = cache / f"linux-aarch64-{key}"
+    # What an older deploykit left: an unfinished build configured from its checkout.
+    stale = directory / "build" / "CMakeCache.txt"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("CMAKE_TOOLCHAIN_FILE:FILEPATH=/elsewhere/cmake/aarch64-linux-gnu.cmake\n")
+    runtime = lr.build_runtime(tmp_path / "executorch", cache, ["-mcpu=cortex-a76"], COMMITS)
+    assert runtime.directory == directory and not runtime.cached
+    assert not stale.exists()
+    copy = directory / "toolchain" / "aarch64-linux-gnu.cmake"
+    assert copy.read_bytes() == lr.toolchain_file().read_bytes()
+    configure = commands[0]
+    assert f"-DCMAKE_TOOLCHAIN_FILE={copy}" in configure
+    assert not any(str(lr.toolchain_file().parent) in arg for arg in configure), configure
+    assert runtime_key(["-mcpu=cortex-a76"], COMMITS)[1].count("toolchain=") == 1
+    assert str(lr.toolchain_file()) not in lr.runtime_key(["-mcpu=cortex-a76"], COMMITS)[1]

@@ -260,6 +260,74 @@ def test_the_runtime_projects_own_files_are_in_the_key(tmp_path):
         seen.add(changed)
 
 
+
+def _key_text(tmp: Path, defs: dict[str, str], key_cmake: Path = KEY_CMAKE) -> str:
+    """The text key.cmake hashes (dk-runtime-key.txt)."""
+    probe = tmp / "probe-text.cmake"
+    probe.write_text(f'include("{key_cmake}")\n'
+                     "dk_et_runtime_key(_key _label _text)\n"
+                     'message("BEGIN\n${_text}END")\n')
+    args = [f"-D{k}={v}" for k, v in defs.items()]
+    proc = subprocess.run(["cmake", *args, "-P", str(probe)], capture_output=True, text=True,
+                          check=True, timeout=60)
+    m = re.search(r"BEGIN\n(.*)END", proc.stderr, re.S)
+    assert m, proc.stderr
+    return m.group(1)
+
+
+@requires_cmake
+@pytest.mark.timeout(120)
+def test_checkouts_with_the_same_files_share_the_runtime_key(tmp_path):
+    """Two checkouts of deploykit at different paths (a second clone, a git worktree, another
+    install) whose runtime project and toolchain file are byte-identical compute the same key,
+    each with its own key.cmake and toolchain file: the key is by content, and its text names
+    neither checkout, so they share one runtime directory of the workspace. A toolchain file
+    with other content gives another key."""
+    base = _inputs(tmp_path)
+    checkouts = []
+    for name in ("checkout-a", "checkout-b"):
+        cmake_dir = tmp_path / name / "deploykit" / "cmake"
+        shutil.copytree(KEY_CMAKE.parents[1], cmake_dir)
+        checkouts.append(cmake_dir)
+    keys, texts = [], []
+    for cmake_dir in checkouts:
+        defs = {**base, "CMAKE_TOOLCHAIN_FILE": str(cmake_dir / "arm-none-eabi-gcc.cmake")}
+        key_cmake = cmake_dir / "executorch-runtime" / "key.cmake"
+        keys.append(_key(tmp_path, defs, key_cmake))
+        texts.append(_key_text(tmp_path, defs, key_cmake))
+    assert keys[0] == keys[1]
+    assert texts[0] == texts[1]
+    for cmake_dir, text in zip(checkouts, texts, strict=True):
+        assert str(cmake_dir.parents[1]) not in text, text
+        assert "checkout-" not in text, text
+    toolchain_lines = [line for line in texts[0].splitlines() if line.startswith("toolchain=")]
+    assert toolchain_lines and toolchain_lines[0].startswith("toolchain=arm-none-eabi-gcc.cmake ")
+    # Another toolchain file's content: another key, wherever it is.
+    edited = checkouts[1] / "arm-none-eabi-gcc.cmake"
+    edited.write_text(edited.read_text() + "# edited\n")
+    other = _key(tmp_path, {**base, "CMAKE_TOOLCHAIN_FILE": str(edited)},
+                 checkouts[1] / "executorch-runtime" / "key.cmake")
+    assert other[0] != keys[0][0]
+
+
+@requires_cmake
+@pytest.mark.timeout(60)
+def test_the_copied_project_files_are_the_hashed_ones(tmp_path):
+    """ExecuTorchRuntime.cmake configures a runtime directory from copies of the files
+    dk_et_runtime_project_files() lists (key.cmake hashes the same list): every file the
+    runtime project includes is among them."""
+    probe = tmp_path / "probe-files.cmake"
+    probe.write_text(f'include("{KEY_CMAKE}")\n'
+                     "dk_et_runtime_project_files(_files)\n"
+                     'message("FILES=${_files}")\n')
+    proc = subprocess.run(["cmake", "-P", str(probe)], capture_output=True, text=True,
+                          check=True, timeout=60)
+    names = {Path(f).name for f in re.search(r"FILES=(.*)", proc.stderr).group(1).split(";")}
+    assert names == {p.name for p in KEY_CMAKE.parent.iterdir() if p.is_file()}, names
+    runtime = RUNTIME_CMAKE.read_text()
+    assert "-S ${_rt}/project" in runtime
+    assert "-DCMAKE_TOOLCHAIN_FILE=${_rt}/project/toolchain/" in runtime
+
 @requires_cmake
 def test_model_side_options_share_the_runtime(tmp_path):
     """Kernel registry size, primitive operators and the lean libc are compiled with the model:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,7 +127,21 @@ def build_runtime(
         return LinuxRuntime(directory, key, prefix, True, 0.0)
     require_tools("cmake", "ninja", "aarch64-linux-gnu-g++")
     build = directory / "build"
+    # The key hashes the toolchain file's content, not its path: every checkout of deploykit
+    # with the same file shares this directory. CMake records the toolchain file's path in the
+    # build directory (CMakeCache.txt, CMakeFiles/<version>/CMakeSystem.cmake, build.ninja's
+    # re-run rule), so the directory is configured from a copy of its own, never from the
+    # checkout that came first. An unfinished build configured from elsewhere (an older
+    # deploykit's, from its checkout) starts over.
+    toolchain = directory / "toolchain" / toolchain_file().name
+    cache_file = build / "CMakeCache.txt"
+    if cache_file.exists() and (
+        f"CMAKE_TOOLCHAIN_FILE:FILEPATH={toolchain}\n" not in cache_file.read_text()
+    ):
+        shutil.rmtree(build)
     build.mkdir(parents=True, exist_ok=True)
+    toolchain.parent.mkdir(exist_ok=True)
+    shutil.copyfile(toolchain_file(), toolchain)
     (directory / "dk-runtime-key.txt").write_text(text)
     log = directory / "build.log"
     log.write_text("")
@@ -134,7 +149,7 @@ def build_runtime(
     flags = " ".join((*cpu_flags, *EXTRA_FLAGS))
     defs = {
         **RUNTIME_OPTIONS,
-        "CMAKE_TOOLCHAIN_FILE": str(toolchain_file()),
+        "CMAKE_TOOLCHAIN_FILE": str(toolchain),
         "DK_CPU_FLAGS": ";".join(cpu_flags),
         "CMAKE_INSTALL_PREFIX": str(prefix),
         "CMAKE_C_FLAGS": flags,
