@@ -61,10 +61,11 @@ static const int8_t *dk_band_input(const dk_layer_t *layer, int32_t first_row, i
 
 /* The CMSIS-NN kernels the program's layers take: DK_CMSIS_NN_CONV_<KERNEL> and
  * DK_CMSIS_NN_DW_<KERNEL>, set from the .pte (tools/deploykit/readers/cmsis_nn_kernels.py).
- * A call goes to the first of them, in the wrapper's order, whose domain holds the layer, so
- * the kernels no layer takes are not linked (a wrapper picks at run time and links them all).
- * A band can prefer another kernel than its layer (less top padding, a single row): the one
- * its layer takes still holds it, with the scratch the export gave. Without
+ * A call goes to the first of them, in the wrapper's order, whose domain holds the layer and
+ * whose scratch fits in the one the program gives, so the kernels no layer takes are not
+ * linked (a wrapper picks at run time and links them all). The first is the wrapper's own
+ * choice; a band can prefer another kernel than its layer (less top padding, a single row),
+ * and the one its layer takes still holds it. No such kernel: ARM_CMSIS_NN_ARG_ERROR. Without
  * DK_CMSIS_NN_<KIND>_SELECTED the wrapper picks. */
 /* A program with no layer of a kind refuses every call of it. */
 #define DK_UNUSED_KERNEL_ARGUMENTS                                                               \
@@ -99,12 +100,13 @@ static arm_cmsis_nn_status dk_convolve_kernel(
   }
 #endif
 #if DK_CMSIS_NN_CONV_GENERIC
-  return arm_convolve_s8(ctx, params, quant, input_dims, input, filter_dims, filter, bias_dims,
-                         bias, NULL, output_dims, output);
-#else
+  if (arm_convolve_s8_get_buffer_size(input_dims, filter_dims) <= ctx->size) {
+    return arm_convolve_s8(ctx, params, quant, input_dims, input, filter_dims, filter, bias_dims,
+                           bias, NULL, output_dims, output);
+  }
+#endif
   DK_UNUSED_KERNEL_ARGUMENTS;
   return ARM_CMSIS_NN_ARG_ERROR;
-#endif
 }
 #else
 #define dk_convolve_kernel arm_convolve_wrapper_s8
@@ -125,23 +127,29 @@ static arm_cmsis_nn_status dk_conv_band(const dk_layer_t *layer,
 }
 
 #ifdef DK_CMSIS_NN_DW_SELECTED
+/* The domain of the wrapper's kernels for one channel per input channel. */
+static inline int dk_dw_plain(const cmsis_nn_dw_conv_params *params,
+                              const cmsis_nn_dims *input_dims) {
+  return params->ch_mult == 1 && input_dims->n == 1 && params->dilation.w == 1 &&
+         params->dilation.h == 1;
+}
+
 static arm_cmsis_nn_status dk_depthwise_kernel(
     const cmsis_nn_context *ctx, const cmsis_nn_dw_conv_params *params,
     const cmsis_nn_per_channel_quant_params *quant, const cmsis_nn_dims *input_dims,
     const int8_t *input, const cmsis_nn_dims *filter_dims, const int8_t *filter,
     const cmsis_nn_dims *bias_dims, const int32_t *bias, const cmsis_nn_dims *output_dims,
     int8_t *output) {
-  const int plain = params->ch_mult == 1 && input_dims->n == 1 && params->dilation.w == 1 &&
-                    params->dilation.h == 1;
 #if !defined(ARM_MATH_MVEI) && DK_CMSIS_NN_DW_3X3 /* the wrapper takes it only without MVE */
-  if (plain && filter_dims->w == 3 && filter_dims->h == 3 && params->padding.h <= 1 &&
+  if (dk_dw_plain(params, input_dims) && filter_dims->w == 3 && filter_dims->h == 3 && params->padding.h <= 1 &&
       params->padding.w <= 1) {
     return arm_depthwise_conv_3x3_s8(ctx, params, quant, input_dims, input, filter_dims, filter,
                                      bias_dims, bias, output_dims, output);
   }
 #endif
 #if DK_CMSIS_NN_DW_OPT
-  if (plain) {
+  if (dk_dw_plain(params, input_dims) &&
+      arm_depthwise_conv_s8_opt_get_buffer_size(input_dims, filter_dims) <= ctx->size) {
     return arm_depthwise_conv_s8_opt(ctx, params, quant, input_dims, input, filter_dims, filter,
                                      bias_dims, bias, output_dims, output);
   }
@@ -150,7 +158,6 @@ static arm_cmsis_nn_status dk_depthwise_kernel(
   return arm_depthwise_conv_s8(ctx, params, quant, input_dims, input, filter_dims, filter,
                                bias_dims, bias, output_dims, output);
 #else
-  (void)plain;
   DK_UNUSED_KERNEL_ARGUMENTS;
   return ARM_CMSIS_NN_ARG_ERROR;
 #endif
