@@ -1,5 +1,5 @@
 # key.cmake: the cache key of a cached ExecuTorch runtime build directory (included by
-# ExecuTorchRuntime.cmake; tests/unit/test_profiles.py runs it in script mode).
+# configure.cmake; tests/unit/test_profiles.py runs it in script mode).
 #
 # dk_et_runtime_key(<key> <label> <text>): <text> lists every input the runtime's objects
 # depend on, one `name=value` line each; <key> is the first 16 hex digits of its SHA-256 and
@@ -13,13 +13,15 @@
 # also the NPU half (ethos_u.cmake): the driver and CMSIS paths, the driver's commit
 # (DK_ETHOS_U_DRIVER_COMMIT, from the workspace) and the NPU configuration; and the deploykit
 # that builds: its version (DK_DEPLOYKIT_VERSION) and a hash of the runtime project's own files
-# (this directory and ExecuTorchRuntime.cmake), so that a deploykit whose runtime project differs
-# makes its own runtime instead of reusing objects it did not build.
+# (this directory: the project, configure.cmake that configures it, this file), so that a
+# deploykit whose runtime project differs makes its own runtime instead of reusing objects it did
+# not build. The model-side rest of ExecuTorchRuntime.cmake is not hashed: it decides how a
+# firmware links a runtime, not how the runtime is built.
 #
 # The key is by content, never by where deploykit is: no line names the checkout (the toolchain
 # file is keyed by its name and content, the project by its files' content), so checkouts with
 # byte-identical files sharing one workspace (a second clone, a git worktree, another venv's
-# install) share its runtimes. ExecuTorchRuntime.cmake copies the runtime project and the
+# install) share its runtimes. configure.cmake copies the runtime project and the
 # toolchain file into the runtime directory (<dir>/project/, dk_et_runtime_project_files() lists
 # the files) and configures it from the copies, so the directory's build files name only itself
 # and the workspace. The paths that stay in the key (ExecuTorch, CMSIS-NN, flatc, compilers,
@@ -30,8 +32,8 @@
 # `event_tracer=ON` line. The profile's link-time options (kernel registry size, primitive
 # operators, lean libc) are model-side: not in the key.
 
-# The runtime project's files (this directory's), those the key hashes besides
-# ExecuTorchRuntime.cmake and those copied into a runtime directory, sorted.
+# The runtime project's files (this directory's): those the key hashes and those copied into a
+# runtime directory, sorted.
 function(dk_et_runtime_project_files out)
   file(GLOB _files ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/*.cmake
        ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/*.h
@@ -48,9 +50,6 @@ function(dk_et_runtime_key out_key out_label out_text)
   string(TOUPPER "${DK_ET_BUILD_TYPE}" _bt)
   get_filename_component(_tc_name ${CMAKE_TOOLCHAIN_FILE} NAME)
   dk_et_runtime_project_files(_project_files)
-  get_filename_component(_runtime_cmake
-                         ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/../ExecuTorchRuntime.cmake ABSOLUTE)
-  list(APPEND _project_files ${_runtime_cmake})
   list(SORT _project_files)
   set(_project "")
   foreach(_f IN LISTS _project_files)

@@ -17,6 +17,7 @@ dk_kernel_failure_t dk_kernel_failure;
 
 #if DK_CMSIS_NN_STATUS /* a model with cortex_m kernels */
 #include "arm_nnfunctions.h"
+#include "cmsis_nn_add.h"
 #include "cmsis_nn_in_place.h"
 
 static arm_cmsis_nn_status dk_kept(arm_cmsis_nn_status status, const char *call) {
@@ -137,12 +138,11 @@ arm_cmsis_nn_status dk_checked_arm_elementwise_add_s8(
     int8_t *output, const int32_t out_offset, const int32_t out_mult, const int32_t out_shift,
     const int32_t out_activation_min, const int32_t out_activation_max,
     const int32_t block_size) {
-  return dk_kept(arm_elementwise_add_s8(input_1_vect, input_2_vect, input_1_offset,
-                                        input_1_mult, input_1_shift, input_2_offset,
-                                        input_2_mult, input_2_shift, left_shift, output,
-                                        out_offset, out_mult, out_shift,
-                                        out_activation_min, out_activation_max,
-                                        block_size),
+  return dk_kept(dk_elementwise_add_s8(input_1_vect, input_2_vect, input_1_offset,
+                                       input_1_mult, input_1_shift, input_2_offset,
+                                       input_2_mult, input_2_shift, left_shift, output,
+                                       out_offset, out_mult, out_shift, out_activation_min,
+                                       out_activation_max, block_size),
                  "arm_elementwise_add_s8");
 }
 

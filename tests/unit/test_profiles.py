@@ -242,8 +242,10 @@ def test_every_runtime_input_changes_the_key(tmp_path):
 @requires_cmake
 def test_the_runtime_projects_own_files_are_in_the_key(tmp_path):
     """Another deploykit's runtime project (another checkout, an upgraded install: the files of
-    cmake/executorch-runtime/ and ExecuTorchRuntime.cmake) may build the same inputs into other
-    objects: a copy of the project gives the same key, an edit of any of its files another."""
+    cmake/executorch-runtime/, configure.cmake among them) may build the same inputs into other
+    objects: a copy of the project gives the same key, an edit of any of its files another. The
+    model-side ExecuTorchRuntime.cmake is not in the key: an edit of how a firmware links its
+    runtime leaves every cached runtime valid."""
     base = _inputs(tmp_path)
     key, _ = _key(tmp_path, base)
     copy = tmp_path / "other-cmake"
@@ -252,12 +254,15 @@ def test_the_runtime_projects_own_files_are_in_the_key(tmp_path):
     assert _key(tmp_path, base, other_key)[0] == key
     seen = {key}
     for name in ("executorch-runtime/CMakeLists.txt", "executorch-runtime/build.cmake",
-                 "executorch-runtime/ethos_u.cmake", "ExecuTorchRuntime.cmake"):
+                 "executorch-runtime/ethos_u.cmake", "executorch-runtime/configure.cmake"):
         with (copy / name).open("a") as f:
             f.write("# edited\n")
         changed = _key(tmp_path, base, other_key)[0]
         assert changed not in seen, f"{name} is not in the runtime key"
         seen.add(changed)
+    with (copy / "ExecuTorchRuntime.cmake").open("a") as f:
+        f.write("# edited\n")
+    assert _key(tmp_path, base, other_key)[0] in seen
 
 
 
@@ -313,7 +318,7 @@ def test_checkouts_with_the_same_files_share_the_runtime_key(tmp_path):
 @requires_cmake
 @pytest.mark.timeout(60)
 def test_the_copied_project_files_are_the_hashed_ones(tmp_path):
-    """ExecuTorchRuntime.cmake configures a runtime directory from copies of the files
+    """configure.cmake configures a runtime directory from copies of the files
     dk_et_runtime_project_files() lists (key.cmake hashes the same list): every file the
     runtime project includes is among them."""
     probe = tmp_path / "probe-files.cmake"
@@ -324,9 +329,10 @@ def test_the_copied_project_files_are_the_hashed_ones(tmp_path):
                           check=True, timeout=60)
     names = {Path(f).name for f in re.search(r"FILES=(.*)", proc.stderr).group(1).split(";")}
     assert names == {p.name for p in KEY_CMAKE.parent.iterdir() if p.is_file()}, names
-    runtime = RUNTIME_CMAKE.read_text()
+    runtime = (KEY_CMAKE.parent / "configure.cmake").read_text()
     assert "-S ${_rt}/project" in runtime
     assert "-DCMAKE_TOOLCHAIN_FILE=${_rt}/project/toolchain/" in runtime
+
 
 @requires_cmake
 def test_model_side_options_share_the_runtime(tmp_path):
