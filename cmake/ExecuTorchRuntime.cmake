@@ -419,7 +419,14 @@ function(dk_executorch_link target)
     target_sources(${target} PRIVATE ${_dk_status_c})
     set(_dk_status_targets ${target})
   endif()
+  # deploykit's kernels at the profile's kernel optimisation (-O2 in `speed`), like ExecuTorch's.
+  set(_dk_kernel_c ${_dk_status_c})
+  list(FILTER _dk_kernel_c INCLUDE REGEX "/firmware/kernels/")
   set_source_files_properties(${_dk_status_c} PROPERTIES COMPILE_OPTIONS "${DK_WARNING_FLAGS}")
+  if(DK_ET_KERNEL_OPT AND _dk_kernel_c)
+    set_source_files_properties(${_dk_kernel_c} PROPERTIES
+                                COMPILE_OPTIONS "${DK_WARNING_FLAGS};${DK_ET_KERNEL_OPT}")
+  endif()
   foreach(_t IN LISTS _dk_status_targets)
     target_include_directories(${_t} PRIVATE ${_DK_ET_CMAKE_DIR}/../firmware/runner
                                              ${_DK_ET_CMAKE_DIR}/../firmware/kernels)
