@@ -505,6 +505,7 @@ function(dk_executorch_link target)
     # The convolutions written over their input that it runs, and the faster equal versions
     # the kernels call instead of CMSIS-NN's (dk_cmsis_nn_checked.h renames the calls).
     list(APPEND _dk_status_c ${_DK_ET_CMAKE_DIR}/../firmware/kernels/cmsis_nn_in_place.c
+                             ${_DK_ET_CMAKE_DIR}/../firmware/kernels/cmsis_nn_depthwise_3x3_dsp.c
                              ${_DK_ET_CMAKE_DIR}/../firmware/kernels/cmsis_nn_softmax.c)
   endif()
   if(DK_KERNEL_STATUS_ARCHIVE)
@@ -517,6 +518,12 @@ function(dk_executorch_link target)
     set(_dk_status_targets ${target})
   endif()
   set_source_files_properties(${_dk_status_c} PROPERTIES COMPILE_OPTIONS "${DK_WARNING_FLAGS}")
+  if(DK_SEL_CORTEX_M_OPS)
+    # deploykit's own depthwise kernel is a kernel like the kernel libraries' (-O2 at speed).
+    set_source_files_properties(
+      ${_DK_ET_CMAKE_DIR}/../firmware/kernels/cmsis_nn_depthwise_3x3_dsp.c
+      PROPERTIES COMPILE_OPTIONS "${DK_WARNING_FLAGS};${DK_ET_KERNEL_OPT}")
+  endif()
   foreach(_t IN LISTS _dk_status_targets)
     target_include_directories(${_t} PRIVATE ${_DK_ET_CMAKE_DIR}/../firmware/runner
                                              ${_DK_ET_CMAKE_DIR}/../firmware/kernels)
