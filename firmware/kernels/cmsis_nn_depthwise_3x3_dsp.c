@@ -103,63 +103,97 @@ typedef struct dk_dw3_channel {
 #define DK_DW3_FAST 1  /* SMMULR of the doubled sum, one rounding shift, clamp */
 #define DK_DW3_FAST_FULL 2 /* the same with the whole int8 range: SSAT */
 
-/* The sums of `rows` output rows of one output column of one channel: `q` is the channel's
- * words in the window's first column (the other two DK_DW3_COLUMN and 2 x DK_DW3_COLUMN words
- * on). Two rows at a time: words (y, y+1) and (y+2, y+3) of each window column. */
+/* Two words at q and q + 4 bytes (LDRD; GCC loads them one by one). */
+#define DK_DW3_LOAD2(a, b, q, words)                                                            \
+  __asm__("ldrd %0, %1, [%2, %3]" : "=r"(a), "=r"(b) : "r"(q), "i"(4 * (words)) : "memory")
+
+/* The sums of `rows` output rows of `cols` output columns of one channel, column by column
+ * (`rows` apart in `sums`): `q` is the channel's words in buffer column 0; a window's three
+ * columns are DK_DW3_COLUMN words apart. Two rows at a time: words (y, y+1) and (y+2, y+3) of
+ * each window column. */
 static void dk_dw3_sums(const int32_t *w, const int32_t bias, const int32_t *q,
-                        const int32_t rows, int32_t *sums) {
+                        const int32_t rows, const int32_t cols, int32_t *sums) {
   const int32_t w00 = w[0], w01 = w[1], w10 = w[2], w11 = w[3], w20 = w[4], w21 = w[5];
-  const int32_t *const end = q + (rows >> 1);
-  for (; q < end; ++q, sums += 2) {
-    const int32_t a0 = q[0], b0 = q[1];
-    const int32_t a1 = q[DK_DW3_COLUMN], b1 = q[DK_DW3_COLUMN + 1];
-    const int32_t a2 = q[2 * DK_DW3_COLUMN], b2 = q[2 * DK_DW3_COLUMN + 1];
-    int32_t s0 = __smlad(a0, w00, bias);
-    int32_t s1 = __smlatb(a0, w00, bias);
-    s0 = __smlabt(b0, w01, s0);
-    s1 = __smlad(b0, w01, s1);
-    s0 = __smlad(a1, w10, s0);
-    s1 = __smlatb(a1, w10, s1);
-    s0 = __smlabt(b1, w11, s0);
-    s1 = __smlad(b1, w11, s1);
-    s0 = __smlad(a2, w20, s0);
-    s1 = __smlatb(a2, w20, s1);
-    s0 = __smlabt(b2, w21, s0);
-    s1 = __smlad(b2, w21, s1);
-    sums[0] = s0;
-    sums[1] = s1;
-  }
-  if (rows & 1) {
-    int32_t s0 = __smlad(q[0], w00, bias);
-    s0 = __smlabt(q[1], w01, s0);
-    s0 = __smlad(q[DK_DW3_COLUMN], w10, s0);
-    s0 = __smlabt(q[DK_DW3_COLUMN + 1], w11, s0);
-    s0 = __smlad(q[2 * DK_DW3_COLUMN], w20, s0);
-    s0 = __smlabt(q[2 * DK_DW3_COLUMN + 1], w21, s0);
-    sums[0] = s0;
+  for (int32_t x = 0; x < cols; ++x, q += DK_DW3_COLUMN) {
+    const int32_t *p = q;
+    for (const int32_t *const end = q + (rows >> 1); p < end; ++p, sums += 2) {
+      int32_t a0, b0, a1, b1, a2, b2;
+      DK_DW3_LOAD2(a0, b0, p, 0);
+      DK_DW3_LOAD2(a1, b1, p, DK_DW3_COLUMN);
+      DK_DW3_LOAD2(a2, b2, p, 2 * DK_DW3_COLUMN);
+      int32_t s0 = __smlad(a0, w00, bias);
+      int32_t s1 = __smlatb(a0, w00, bias);
+      s0 = __smlabt(b0, w01, s0);
+      s1 = __smlad(b0, w01, s1);
+      s0 = __smlad(a1, w10, s0);
+      s1 = __smlatb(a1, w10, s1);
+      s0 = __smlabt(b1, w11, s0);
+      s1 = __smlad(b1, w11, s1);
+      s0 = __smlad(a2, w20, s0);
+      s1 = __smlatb(a2, w20, s1);
+      s0 = __smlabt(b2, w21, s0);
+      s1 = __smlad(b2, w21, s1);
+      sums[0] = s0;
+      sums[1] = s1;
+    }
+    if (rows & 1) {
+      int32_t s0 = __smlad(p[0], w00, bias);
+      s0 = __smlabt(p[1], w01, s0);
+      s0 = __smlad(p[DK_DW3_COLUMN], w10, s0);
+      s0 = __smlabt(p[DK_DW3_COLUMN + 1], w11, s0);
+      s0 = __smlad(p[2 * DK_DW3_COLUMN], w20, s0);
+      s0 = __smlabt(p[2 * DK_DW3_COLUMN + 1], w21, s0);
+      *sums++ = s0;
+    }
   }
 }
 
-/* `rows` outputs from their sums, `stride` bytes apart. */
+/* ((a x b + 2^31) >> 32) + c. */
+static inline int32_t dk_dw3_smmlar(int32_t a, int32_t b, int32_t c) {
+  int32_t r;
+  __asm__("smmlar %0, %1, %2, %3" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
+/* One output from its sum. Fast: `sum` is doubled, `shift` is e and `round` 2^(e-1) +
+ * (output_offset << e); round(sum x mult / 2^32) has the sign of the sum or is 0 (mult > 0),
+ * and with v = 0 the sum's sign does not change the result, so the sum's sign stands for v's. */
+static inline __attribute__((always_inline)) int32_t dk_dw3_output(
+    const int32_t sum, const int32_t mult, const int32_t shift, const int32_t round,
+    const int32_t output_offset, const int32_t act_min, const int32_t act_max, const int mode) {
+  int32_t t;
+  if (mode == DK_DW3_EXACT) {
+    t = arm_nn_requantize(sum, mult, shift) + output_offset;
+  } else {
+    t = (dk_dw3_smmlar(sum, mult, round) + (sum >> 31)) >> shift;
+  }
+  if (mode == DK_DW3_FAST_FULL) {
+    return __ssat(t, 8);
+  }
+  t = t < act_min ? act_min : t;
+  return t > act_max ? act_max : t;
+}
+
+/* `cols` columns of `rows` outputs from their sums (column by column): rows `stride` bytes
+ * apart, columns `step`. */
 static inline __attribute__((always_inline)) void dk_dw3_store(
-    const int32_t *sums, const int32_t rows, int8_t *out, const int32_t stride,
-    const int32_t mult, const int32_t shift, const int32_t round, const int32_t output_offset,
-    const int32_t act_min, const int32_t act_max, const int mode) {
-  for (const int32_t *const end = sums + rows; sums < end; ++sums, out += stride) {
-    int32_t t;
-    if (mode == DK_DW3_EXACT) {
-      t = arm_nn_requantize(*sums, mult, shift) + output_offset;
-    } else {
-      const int32_t v = dk_dw3_smmulr(*sums, mult);
-      t = (v + round + (v >> 31)) >> shift;
+    const int32_t *sums, const int32_t rows, const int32_t cols, int8_t *out,
+    const int32_t stride, const int32_t step, const dk_dw3_channel_t *ch,
+    const int32_t output_offset, const int32_t act_min, const int32_t act_max, const int mode) {
+  const int32_t mult = ch->mult, shift = ch->shift, round = ch->round;
+  for (int32_t x = 0; x < cols; ++x, out += step) {
+    int8_t *o = out;
+    for (int32_t y = rows >> 1; y > 0; --y, sums += 2, o += 2 * stride) {
+      const int32_t s0 = sums[0], s1 = sums[1];
+      o[0] = (int8_t)dk_dw3_output(s0, mult, shift, round, output_offset, act_min, act_max,
+                                   mode);
+      o[stride] = (int8_t)dk_dw3_output(s1, mult, shift, round, output_offset, act_min,
+                                        act_max, mode);
     }
-    if (mode == DK_DW3_FAST_FULL) {
-      t = __ssat(t, 8);
-    } else {
-      t = t < act_min ? act_min : t;
-      t = t > act_max ? act_max : t;
+    if (rows & 1) {
+      *o = (int8_t)dk_dw3_output(*sums++, mult, shift, round, output_offset, act_min, act_max,
+                                 mode);
     }
-    *out = (int8_t)t;
   }
 }
 
@@ -183,7 +217,7 @@ void dk_depthwise_conv_3x3_dsp_s8(const cmsis_nn_dw_conv_params *dw_conv_params,
                                   const int8_t *filter_data, const int32_t *bias_data,
                                   const cmsis_nn_dims *output_dims, int8_t *output_data) {
   int32_t buf[DK_DW3_BUF_WORDS] __attribute__((aligned(8)));
-  int32_t sums[DK_DW3_MAX_ROWS] __attribute__((aligned(8)));
+  int32_t sums[(DK_DW3_MAX_COLUMNS - 2) * DK_DW3_MAX_ROWS] __attribute__((aligned(8)));
   const int32_t C = input_dims->c, H = input_dims->h, W = input_dims->w;
   const int32_t Ho = output_dims->h, Wo = output_dims->w;
   const int32_t pad_top = dw_conv_params->padding.h, pad_left = dw_conv_params->padding.w;
@@ -208,7 +242,8 @@ void dk_depthwise_conv_3x3_dsp_s8(const cmsis_nn_dw_conv_params *dw_conv_params,
 #if defined(CMSIS_NN_USE_SINGLE_ROUNDING)
       const int fast = 0;
 #else
-      const int fast = shift <= -1 && shift >= -22 && bias < (1 << 29) && bias > -(1 << 29);
+      const int fast = shift <= -1 && shift >= -22 && bias < (1 << 29) && bias > -(1 << 29) &&
+                       quant_params->multiplier[g + c] > 0;
 #endif
       const int32_t scale = fast ? 2 : 1;
       const int8_t *f = filter_data + g + c;
@@ -260,18 +295,16 @@ void dk_depthwise_conv_3x3_dsp_s8(const cmsis_nn_dw_conv_params *dw_conv_params,
       for (int32_t c = 0; c < DK_DW3_BLOCK; ++c) {
         const dk_dw3_channel_t *ch = &chans[c];
         int8_t *o = output_data + r0 * ostride + g + c;
-        for (int32_t x = 0; x < Wo; ++x, o += C) {
-          dk_dw3_sums(ch->w, ch->bias, buf + x * DK_DW3_COLUMN + c * DK_DW3_PAIRS, rows, sums);
-          if (ch->mode == DK_DW3_FAST_FULL) {
-            dk_dw3_store(sums, rows, o, ostride, ch->mult, ch->shift, ch->round, out_off,
-                         act_min, act_max, DK_DW3_FAST_FULL);
-          } else if (ch->mode == DK_DW3_FAST) {
-            dk_dw3_store(sums, rows, o, ostride, ch->mult, ch->shift, ch->round, out_off,
-                         act_min, act_max, DK_DW3_FAST);
-          } else {
-            dk_dw3_store(sums, rows, o, ostride, ch->mult, ch->shift, ch->round, out_off,
-                         act_min, act_max, DK_DW3_EXACT);
-          }
+        dk_dw3_sums(ch->w, ch->bias, buf + c * DK_DW3_PAIRS, rows, Wo, sums);
+        if (ch->mode == DK_DW3_FAST_FULL) {
+          dk_dw3_store(sums, rows, Wo, o, ostride, C, ch, out_off, act_min, act_max,
+                       DK_DW3_FAST_FULL);
+        } else if (ch->mode == DK_DW3_FAST) {
+          dk_dw3_store(sums, rows, Wo, o, ostride, C, ch, out_off, act_min, act_max,
+                       DK_DW3_FAST);
+        } else {
+          dk_dw3_store(sums, rows, Wo, o, ostride, C, ch, out_off, act_min, act_max,
+                       DK_DW3_EXACT);
         }
       }
     }
