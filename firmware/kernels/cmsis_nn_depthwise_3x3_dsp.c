@@ -276,20 +276,28 @@ void dk_depthwise_conv_3x3_dsp_s8(const cmsis_nn_dw_conv_params *dw_conv_params,
         }
         k0 = 1;
       }
+      /* Pairs [lo, hi) have both rows on the map; the others one or none. */
+      int32_t lo = k0, hi;
+      while (lo < pairs && r0 + 2 * lo - pad_top < 0) ++lo;
+      for (hi = lo; hi < pairs && r0 + 2 * hi - pad_top + 1 < H; ++hi) {
+      }
       for (int32_t x = first_x; x < end_x; ++x) {
         const int8_t *in = input_data + (x - pad_left) * C + g;
         int32_t *d = buf + x * DK_DW3_COLUMN;
         for (int32_t k = k0; k < pairs; ++k) {
-          const int32_t iy = r0 + 2 * k - pad_top; /* input rows iy, iy + 1 */
-          if (iy >= 0 && iy + 1 < H) {
-            dk_dw3_put(d + k, dk_dw3_read_s8x4(in + iy * in_row),
-                       dk_dw3_read_s8x4(in + (iy + 1) * in_row), off2, 1, 1);
-          } else {
-            const int valid_u = iy >= 0 && iy < H, valid_v = iy + 1 >= 0 && iy + 1 < H;
-            dk_dw3_put(d + k, valid_u ? dk_dw3_read_s8x4(in + iy * in_row) : 0,
-                       valid_v ? dk_dw3_read_s8x4(in + (iy + 1) * in_row) : 0, off2, valid_u,
-                       valid_v);
+          if (k == lo) {
+            const int8_t *u = in + (r0 + 2 * lo - pad_top) * in_row;
+            for (int32_t *dk = d + lo, *const end = d + hi; dk < end; ++dk, u += 2 * in_row) {
+              dk_dw3_put(dk, dk_dw3_read_s8x4(u), dk_dw3_read_s8x4(u + in_row), off2, 1, 1);
+            }
+            k = hi;
+            if (k >= pairs) break;
           }
+          const int32_t iy = r0 + 2 * k - pad_top; /* input rows iy, iy + 1 */
+          const int valid_u = iy >= 0 && iy < H, valid_v = iy + 1 >= 0 && iy + 1 < H;
+          dk_dw3_put(d + k, valid_u ? dk_dw3_read_s8x4(in + iy * in_row) : 0,
+                     valid_v ? dk_dw3_read_s8x4(in + (iy + 1) * in_row) : 0, off2, valid_u,
+                     valid_v);
         }
       }
       for (int32_t c = 0; c < DK_DW3_BLOCK; ++c) {
