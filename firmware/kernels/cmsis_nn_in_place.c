@@ -148,6 +148,7 @@ static arm_cmsis_nn_status dk_depthwise_kernel(
   }
 #endif
 #if DK_CMSIS_NN_DW_GENERIC
+  (void)plain; /* unused when the generic kernel is the only one */
   return arm_depthwise_conv_s8(ctx, params, quant, input_dims, input, filter_dims, filter,
                                bias_dims, bias, output_dims, output);
 #else
