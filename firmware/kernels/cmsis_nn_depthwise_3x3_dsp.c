@@ -26,7 +26,7 @@
  *   arm_nn_requantize itself.
  * - A layer written over its own input: a block reads and writes only its own four channels,
  *   and the buffer holds the block's input rows before their outputs are written. A map of
- *   more than 30 rows goes in strips of rows, a strip's last input rows kept in the buffer
+ *   more than 26 rows goes in strips of rows, a strip's last input rows kept in the buffer
  *   for the next one.
  *
  * tests/integration/test_depthwise_3x3_dsp_qemu.py runs layers inside and outside this domain
@@ -39,14 +39,14 @@
 #include <arm_acle.h>
 #include <string.h>
 
-/* The stack buffer: per buffer column (output column + 2) and channel of the block, 32 rows
- * of int16 (16 words, pairs of rows): a column's three window columns are 64 words apart, so
- * each is loaded at an immediate offset. 2 KB: rows of up to 6 output pixels, strips of up to
- * 30 output rows. */
+/* The buffer: per buffer column (output column + 2) and channel of the block, 28 rows of
+ * int16 (14 words, pairs of rows): a column's three window columns are 56 words apart, so each
+ * is loaded at an immediate offset. Up to 2 KB: rows of up to 7 output pixels, strips of up to
+ * 26 output rows (DS-CNN's 25x5 map in one strip: 1,568 B, which its in-place ring holds). */
 #define DK_DW3_BLOCK 4
-#define DK_DW3_PAIRS 16
+#define DK_DW3_PAIRS 14
 #define DK_DW3_COLUMN (DK_DW3_BLOCK * DK_DW3_PAIRS) /* words between buffer columns */
-#define DK_DW3_MAX_COLUMNS 8
+#define DK_DW3_MAX_COLUMNS 9
 #define DK_DW3_BUF_WORDS (DK_DW3_MAX_COLUMNS * DK_DW3_COLUMN)
 #define DK_DW3_MAX_ROWS (2 * (DK_DW3_PAIRS - 1)) /* output rows per strip */
 
@@ -211,12 +211,12 @@ int dk_depthwise_conv_3x3_dsp_s8_applies(const cmsis_nn_dw_conv_params *dw_conv_
          input_dims->w >= 1 && output_dims->w + 2 <= DK_DW3_MAX_COLUMNS;
 }
 
-void dk_depthwise_conv_3x3_dsp_s8(const cmsis_nn_dw_conv_params *dw_conv_params,
-                                  const cmsis_nn_per_channel_quant_params *quant_params,
-                                  const cmsis_nn_dims *input_dims, const int8_t *input_data,
-                                  const int8_t *filter_data, const int32_t *bias_data,
-                                  const cmsis_nn_dims *output_dims, int8_t *output_data) {
-  int32_t buf[DK_DW3_BUF_WORDS] __attribute__((aligned(8)));
+/* The layer with `buf` (DK_DW3_COLUMN words per buffer column) as the buffer. */
+static __attribute__((noinline)) void dk_dw3_run(
+    const cmsis_nn_dw_conv_params *dw_conv_params,
+    const cmsis_nn_per_channel_quant_params *quant_params, const cmsis_nn_dims *input_dims,
+    const int8_t *input_data, const int8_t *filter_data, const int32_t *bias_data,
+    const cmsis_nn_dims *output_dims, int8_t *output_data, int32_t *buf) {
   int32_t sums[(DK_DW3_MAX_COLUMNS - 2) * DK_DW3_MAX_ROWS] __attribute__((aligned(8)));
   const int32_t C = input_dims->c, H = input_dims->h, W = input_dims->w;
   const int32_t Ho = output_dims->h, Wo = output_dims->w;
@@ -316,6 +316,33 @@ void dk_depthwise_conv_3x3_dsp_s8(const cmsis_nn_dw_conv_params *dw_conv_params,
         }
       }
     }
+  }
+}
+
+/* The layer with its buffer on the stack. */
+static __attribute__((noinline)) void dk_dw3_run_on_stack(
+    const cmsis_nn_dw_conv_params *dw_conv_params,
+    const cmsis_nn_per_channel_quant_params *quant_params, const cmsis_nn_dims *input_dims,
+    const int8_t *input_data, const int8_t *filter_data, const int32_t *bias_data,
+    const cmsis_nn_dims *output_dims, int8_t *output_data) {
+  int32_t buf[DK_DW3_BUF_WORDS] __attribute__((aligned(8)));
+  dk_dw3_run(dw_conv_params, quant_params, input_dims, input_data, filter_data, bias_data,
+             output_dims, output_data, buf);
+}
+
+void dk_depthwise_conv_3x3_dsp_s8(const cmsis_nn_context *ctx,
+                                  const cmsis_nn_dw_conv_params *dw_conv_params,
+                                  const cmsis_nn_per_channel_quant_params *quant_params,
+                                  const cmsis_nn_dims *input_dims, const int8_t *input_data,
+                                  const int8_t *filter_data, const int32_t *bias_data,
+                                  const cmsis_nn_dims *output_dims, int8_t *output_data) {
+  const int32_t need = (output_dims->w + 2) * DK_DW3_COLUMN * (int32_t)sizeof(int32_t);
+  if (ctx != NULL && ctx->buf != NULL && ctx->size >= need && ((uintptr_t)ctx->buf & 3u) == 0) {
+    dk_dw3_run(dw_conv_params, quant_params, input_dims, input_data, filter_data, bias_data,
+               output_dims, output_data, (int32_t *)ctx->buf);
+  } else {
+    dk_dw3_run_on_stack(dw_conv_params, quant_params, input_dims, input_data, filter_data,
+                        bias_data, output_dims, output_data);
   }
 }
 

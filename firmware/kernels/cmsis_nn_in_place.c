@@ -242,10 +242,11 @@ arm_cmsis_nn_status dk_depthwise_conv_wrapper_s8(
     int8_t *output_data) {
 #if DK_DEPTHWISE_3X3_DSP
   /* With the DSP extension and no MVE, a layer of its domain, in place or not, in one call of
-   * deploykit's own kernel (cmsis_nn_depthwise_3x3_dsp.c): CMSIS-NN's results, no scratch. */
+   * deploykit's own kernel (cmsis_nn_depthwise_3x3_dsp.c): CMSIS-NN's results, the ring of an
+   * in-place layer as its buffer when it is large enough. */
   if (dk_depthwise_conv_3x3_dsp_s8_applies(dw_conv_params, input_dims, filter_dims,
                                            output_dims)) {
-    dk_depthwise_conv_3x3_dsp_s8(dw_conv_params, quant_params, input_dims, input_data,
+    dk_depthwise_conv_3x3_dsp_s8(ctx, dw_conv_params, quant_params, input_dims, input_data,
                                  filter_data, bias_data, output_dims, output_data);
     return ARM_CMSIS_NN_SUCCESS;
   }

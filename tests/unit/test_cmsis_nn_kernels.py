@@ -57,10 +57,10 @@ def test_the_depthwise_kernel_is_the_wrappers(case, input_sizes, out_channels, k
 
 @pytest.mark.parametrize(("case", "input_sizes", "padding", "stride", "mve", "dsp", "kernel"), [
     ("ds_cnn's 25x5 on the M33", [1, 64, 25, 5], [1, 1], [1, 1], False, True, DK_DSP_3X3),
-    ("padding 0, one 6-pixel output row", [1, 4, 3, 8], [0, 0], [1, 1], False, True,
+    ("padding 0, one 7-pixel output row", [1, 4, 3, 9], [0, 0], [1, 1], False, True,
      DK_DSP_3X3),
-    ("padding (1, 0)", [1, 12, 17, 8], [1, 0], [1, 1], False, True, DK_DSP_3X3),
-    ("rows of 7 output pixels", [1, 64, 25, 7], [1, 1], [1, 1], False, True, "3x3"),
+    ("padding (1, 0)", [1, 12, 17, 9], [1, 0], [1, 1], False, True, DK_DSP_3X3),
+    ("rows of 8 output pixels", [1, 64, 25, 8], [1, 1], [1, 1], False, True, "3x3"),
     ("13 channels", [1, 13, 25, 5], [1, 1], [1, 1], False, True, "3x3"),
     ("stride 2", [1, 64, 25, 5], [1, 1], [2, 2], False, True, "3x3"),
     ("no DSP (M0+, M23)", [1, 64, 25, 5], [1, 1], [1, 1], False, False, "3x3"),

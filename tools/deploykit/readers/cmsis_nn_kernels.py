@@ -32,7 +32,7 @@ DEPTHWISE_KERNELS = ("3x3", "opt", "generic")
 # dk_depthwise_conv_3x3_dsp_s8_applies this mirrors), in place or not; they link no CMSIS-NN
 # depthwise kernel.
 DK_DSP_3X3 = "dk_dsp_3x3"
-DK_DSP_3X3_MAX_WIDTH = 6  # output pixels per row: the kernel's stack buffer holds 8 columns
+DK_DSP_3X3_MAX_WIDTH = 7  # output pixels per row: the kernel's buffer holds 9 columns
 # MVE only: one input channel to several output channels runs as a regular convolution,
 # through a function private to the wrapper's file; a program with such a layer keeps the
 # wrapper.
