@@ -5,11 +5,12 @@ On the M33 (qemu-an505: DSP, no MVE) the depthwise layers in its domain run depl
 kernel (firmware/kernels/cmsis_nn_depthwise_3x3_dsp.c, from dk_depthwise_conv_wrapper_s8 in
 cmsis_nn_in_place.c), in place or not; on the M55 (qemu-an547), and for the layers outside it,
 CMSIS-NN's kernels; the host's reference runs CMSIS-NN's own C code. The model covers 4, 12 and
-64 channels in the domain (stride 1, padding 0, 1 and (1, 0); a 33x33 map of 31-pixel rows
-whose block goes in strips of 4 rows through the kernel's stack buffer; a 64-channel 17x15
-layer whose input dies there, so the export writes it over its input: one call, in two strips
-of rows), and layers that stay CMSIS-NN's: strides of 2, 13 channels (not a multiple of 4),
-a 5x5 and a dilated 3x3. DS-CNN's 25x5 maps run in tests/integration/test_mlperf_tiny.py.
+64 channels in the domain (stride 1, padding 0, 1 and (1, 0); maps of 38 and 40 rows, which
+go in two strips of rows through the kernel's buffer; a 64-channel 40x7 layer whose input dies
+there, so the export writes it over its input: one call, in two strips), and layers that stay
+CMSIS-NN's: strides of 2, 13 channels (not a multiple of 4), a 5x5 and a dilated 3x3. DS-CNN's
+25x5 maps run in tests/integration/test_mlperf_tiny.py; test_depthwise_3x3_dsp_host.py compares
+the kernel with CMSIS-NN on thousands of random layers under qemu-arm.
 
 Needs the ExecuTorch sources (`deploykit setup`); CI has no GitHub, so these skip there with
 the reason. About a minute per board on 2 cores with the runtime in the cache.
@@ -51,31 +52,31 @@ DEPTHWISE_LAYERS = textwrap.dedent("""
             self.dw64_p1 = dw(64, padding=1)
             self.dw64_s2_p0 = dw(64, stride=2)
 
-        def forward(self, x):                             # 4 x 33 x 33
-            d = self.dw4_p0(x)                            # 4 x 31 x 31: strips of 4 rows
-            b = self.dw4_s2_p0(x)                         # 4 x 16 x 16: CMSIS-NN (stride 2)
-            a = torch.relu(self.dw4_s2_p1(x))             # 4 x 17 x 17: CMSIS-NN (stride 2)
-            c = self.dw4_p10(a)                           # 4 x 17 x 15: padding (1, 0)
-            e = torch.relu(self.pw12(a))                  # 12 x 17 x 17
+        def forward(self, x):                             # 4 x 40 x 7
+            d = self.dw4_p0(x)                            # 4 x 38 x 5: two strips
+            b = self.dw4_s2_p0(x)                         # 4 x 19 x 3: CMSIS-NN (stride 2)
+            a = torch.relu(self.dw4_s2_p1(x))             # 4 x 20 x 4: CMSIS-NN (stride 2)
+            c = self.dw4_p10(a)                           # 4 x 20 x 2: padding (1, 0)
+            e = torch.relu(self.pw12(a))                  # 12 x 20 x 4
             e = torch.relu(self.dw12_p1(e))
-            y = torch.relu(self.pw13(a))                  # 13 x 17 x 17
+            y = torch.relu(self.pw13(a))                  # 13 x 20 x 4
             y1 = torch.relu(self.dw13_p1(y))              # CMSIS-NN: 13 channels
             y = torch.relu(self.dw13_5x5(y1))             # CMSIS-NN: 5x5
             y = self.dw13_dilated(y)                      # CMSIS-NN: dilation 2
-            z = torch.relu(self.pw64(c))                  # 64 x 17 x 15: the largest map
+            z = torch.relu(self.pw64(x))                  # 64 x 40 x 7: the largest map
             z = torch.relu(self.dw64_p1(z))               # its input dies: written over it
-            w = self.dw64_s2_p0(z)                        # 64 x 8 x 7: CMSIS-NN (stride 2)
+            w = self.dw64_s2_p0(z)                        # 64 x 19 x 3: CMSIS-NN (stride 2)
             return d, b, c, e, y1, y, w
 
     def model():
         return Net().eval()
 
     def example_inputs():
-        return (torch.randn(1, 4, 33, 33, generator=torch.Generator().manual_seed(1)),)
+        return (torch.randn(1, 4, 40, 7, generator=torch.Generator().manual_seed(1)),)
 
     def calibration_inputs():
         g = torch.Generator().manual_seed(2)
-        return [(torch.randn(1, 4, 33, 33, generator=g),) for _ in range(8)]
+        return [(torch.randn(1, 4, 40, 7, generator=g),) for _ in range(8)]
 """)
 
 DEPTHWISE = "cortex_m::quantized_depthwise_conv2d.out"
@@ -93,3 +94,11 @@ def test_int8_depthwise_3x3_runs_bit_exact(tmp_path_factory, board):
     assert not [o for o in ops if not o.startswith("cortex_m::")], ops  # nothing in float
     in_place = [entry["op"] for entry in exported["cortex_m_target"]["in_place"]]
     assert DEPTHWISE in in_place, in_place  # dw64_p1, over its input
+    # deploykit's kernel (its dk_dw3_run) is in the M33's image, with CMSIS-NN's for the other
+    # layers; not in the M55's.
+    from elftools.elf.elffile import ELFFile
+
+    with open(out / "firmware" / "dk_runner.elf", "rb") as f:
+        names = {s.name.split(".")[0]
+                 for s in ELFFile(f).get_section_by_name(".symtab").iter_symbols()}
+    assert ("dk_dw3_run" in names) == (board == "qemu-an505")
