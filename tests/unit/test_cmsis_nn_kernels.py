@@ -10,6 +10,7 @@ import pytest
 from deploykit.readers.cmsis_nn_kernels import (
     CONV_KERNELS,
     DEPTHWISE_KERNELS,
+    DK_DSP_3X3,
     WRAPPER_ONLY,
     conv_kernel,
     definition_value,
@@ -52,6 +53,26 @@ def test_the_depthwise_kernel_is_the_wrappers(case, input_sizes, out_channels, k
                                               padding, dilation, multiplier, mve, kernel):
     assert depthwise_kernel(input_sizes, out_channels, kernel_hw, padding, dilation, multiplier,
                             mve) == kernel, case
+
+
+@pytest.mark.parametrize(("case", "input_sizes", "padding", "stride", "mve", "dsp", "kernel"), [
+    ("ds_cnn's 25x5 on the M33", [1, 64, 25, 5], [1, 1], [1, 1], False, True, DK_DSP_3X3),
+    ("padding 0, one 7-pixel output row", [1, 4, 3, 9], [0, 0], [1, 1], False, True,
+     DK_DSP_3X3),
+    ("padding (1, 0)", [1, 12, 17, 9], [1, 0], [1, 1], False, True, DK_DSP_3X3),
+    ("rows of 8 output pixels", [1, 64, 25, 8], [1, 1], [1, 1], False, True, "3x3"),
+    ("13 channels", [1, 13, 25, 5], [1, 1], [1, 1], False, True, "3x3"),
+    ("stride 2", [1, 64, 25, 5], [1, 1], [2, 2], False, True, "3x3"),
+    ("no DSP (M0+, M23)", [1, 64, 25, 5], [1, 1], [1, 1], False, False, "3x3"),
+    ("MVE (M55)", [1, 64, 25, 5], [1, 1], [1, 1], True, True, "opt"),
+])
+def test_deploykits_own_3x3_takes_the_dsp_layers_of_its_domain(case, input_sizes, padding,
+                                                                stride, mve, dsp, kernel):
+    """The layers firmware/kernels/cmsis_nn_depthwise_3x3_dsp.c runs link no CMSIS-NN kernel."""
+    assert depthwise_kernel(input_sizes, input_sizes[1], (3, 3), padding, [1, 1], 1, mve,
+                            stride, dsp) == kernel, case
+    assert definition_value({DK_DSP_3X3}, DEPTHWISE_KERNELS) == "none"
+    assert definition_value({DK_DSP_3X3, "opt"}, DEPTHWISE_KERNELS) == "opt"
 
 
 def test_the_definition_lists_kernels_in_the_firmwares_order():

@@ -443,7 +443,8 @@ def build_firmware(target: Target, model: str, out: Path, workspace: Path | None
         **family.build_definitions(board, ws),
         **flow_definitions,
         **in_place_definition([exported.pte_path]),
-        **kernel_definitions([exported.pte_path], mve=bool(board.cpu.get("mve"))),
+        **kernel_definitions([exported.pte_path], mve=bool(board.cpu.get("mve")),
+                             dsp=bool(board.cpu.get("dsp"))),
         **(variant.definitions if variant else {}),
     }
 

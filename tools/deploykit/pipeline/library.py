@@ -105,7 +105,8 @@ def build_library(target: Target, models: Sequence[str], out: Path, workspace: P
                                     parts[first].plan),
         **in_place_definition([p.export.pte_path for p in parts]),
         **kernel_definitions([p.export.pte_path for p in parts],
-                               mve=bool(board.cpu.get("mve"))),
+                               mve=bool(board.cpu.get("mve")),
+                               dsp=bool(board.cpu.get("dsp"))),
     }
     fvp = fvp_command(board, Path("app.elf")) if any(p.npu for p in parts) else None
     return build_component(board, parts, component, out, work, definitions,

@@ -27,6 +27,12 @@ DEPTHWISE_OP = "cortex_m::quantized_depthwise_conv2d.out"
 # The kernels the firmware can call directly, in the order it tries them (the wrapper's).
 CONV_KERNELS = ("1x1_fast", "1x1", "1_x_n", "generic")
 DEPTHWISE_KERNELS = ("3x3", "opt", "generic")
+# Not a CMSIS-NN kernel: the layers that deploykit's own 3x3 depthwise kernel runs on a core
+# with the DSP extension and no MVE (firmware/kernels/cmsis_nn_depthwise_3x3_dsp.c, whose
+# dk_depthwise_conv_3x3_dsp_s8_applies this mirrors), in place or not; they link no CMSIS-NN
+# depthwise kernel.
+DK_DSP_3X3 = "dk_dsp_3x3"
+DK_DSP_3X3_MAX_WIDTH = 7  # output pixels per row: the kernel's buffer holds 9 columns
 # MVE only: one input channel to several output channels runs as a regular convolution,
 # through a function private to the wrapper's file; a program with such a layer keeps the
 # wrapper.
@@ -48,9 +54,14 @@ def conv_kernel(input_sizes: list[int], weight_sizes: list[int], stride: list[in
 
 
 def depthwise_kernel(input_sizes: list[int], output_channels: int, kernel_hw: tuple[int, int],
-                     padding: list[int], dilation: list[int], multiplier: int, mve: bool) -> str:
-    """The kernel ``arm_depthwise_conv_wrapper_s8`` picks for a layer (input NCHW sizes)."""
+                     padding: list[int], dilation: list[int], multiplier: int, mve: bool,
+                     stride: list[int] | None = None, dsp: bool = False) -> str:
+    """The kernel ``arm_depthwise_conv_wrapper_s8`` picks for a layer (input NCHW sizes), or
+    DK_DSP_3X3 for a layer that deploykit's own kernel runs (a core with `dsp` and no MVE)."""
     batch, channels = input_sizes[0], input_sizes[1]
+    if (dsp and not mve and dk_dsp_3x3_applies(input_sizes, output_channels, kernel_hw, padding,
+                                                dilation, multiplier, stride or [1, 1])):
+        return DK_DSP_3X3
     # CONVERT_DW_CONV_WITH_ONE_INPUT_CH_AND_OUTPUT_CH_ABOVE_THRESHOLD is 1 with GCC.
     if mve and channels == 1 and output_channels > 1:
         return WRAPPER_ONLY
@@ -61,12 +72,26 @@ def depthwise_kernel(input_sizes: list[int], output_channels: int, kernel_hw: tu
     return "generic"
 
 
+def dk_dsp_3x3_applies(input_sizes: list[int], output_channels: int,
+                       kernel_hw: tuple[int, int], padding: list[int], dilation: list[int],
+                       multiplier: int, stride: list[int]) -> bool:
+    """Whether dk_depthwise_conv_3x3_dsp_s8 runs a layer: batch 1, channel multiplier 1, a
+    multiple of 4 channels, 3x3, stride and dilation 1, padding 0 or 1, output rows of at most
+    DK_DSP_3X3_MAX_WIDTH pixels."""
+    batch, channels, height, width = input_sizes
+    out_h, out_w = height + 2 * padding[0] - 2, width + 2 * padding[1] - 2
+    return (batch == 1 and multiplier == 1 and output_channels == channels and channels >= 4
+            and channels % 4 == 0 and tuple(kernel_hw) == (3, 3) and list(dilation) == [1, 1]
+            and list(stride) == [1, 1] and all(0 <= p <= 1 for p in padding)
+            and out_h >= 1 and 1 <= out_w <= DK_DSP_3X3_MAX_WIDTH)
+
+
 def _ints(plan: Any, index: int) -> list[int]:
     """An IntList argument: its items are the indices of Int values."""
     return [int(plan.values[i].val.int_val) for i in plan.values[index].val.items]
 
 
-def program_kernels(program: Any, mve: bool) -> tuple[set[str], set[str]]:
+def program_kernels(program: Any, mve: bool, dsp: bool = False) -> tuple[set[str], set[str]]:
     """The convolution kernels and the depthwise kernels the layers of every method of
     `program` take."""
     conv, depthwise = set(), set()
@@ -84,18 +109,18 @@ def program_kernels(program: Any, mve: bool) -> tuple[set[str], set[str]]:
                 continue
             depthwise.add(depthwise_kernel(
                 sizes, int(out.sizes[1]), (int(weight.sizes[1]), int(weight.sizes[2])),
-                padding, dilation, int(plan.values[args[6]].val.int_val), mve))
+                padding, dilation, int(plan.values[args[6]].val.int_val), mve, stride, dsp))
     return conv, depthwise
 
 
-def kernel_definitions(pte_paths: list[Path], mve: bool) -> dict[str, str]:
+def kernel_definitions(pte_paths: list[Path], mve: bool, dsp: bool = False) -> dict[str, str]:
     """The firmware's DK_CMSIS_NN_CONVOLUTION and DK_CMSIS_NN_DEPTHWISE: the kernels these
-    programs' layers take (";"-separated, "none" for no such layer), or "wrapper" when one
-    needs the wrapper."""
+    programs' layers take (";"-separated, "none" for no such layer or only deploykit's own),
+    or "wrapper" when one needs the wrapper."""
     conv: set[str] = set()
     depthwise: set[str] = set()
     for path in pte_paths:
-        c, d = program_kernels(load_program(path.read_bytes(), str(path)), mve)
+        c, d = program_kernels(load_program(path.read_bytes(), str(path)), mve, dsp)
         conv |= c
         depthwise |= d
     return {"DK_CMSIS_NN_CONVOLUTION": definition_value(conv, CONV_KERNELS),
