@@ -16,22 +16,17 @@ Needs CMSIS-NN's sources from the workspace (`deploykit setup`); a few seconds.
 from __future__ import annotations
 
 import itertools
-import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from deploykit.readers.sources import load_workspace
+from tests.integration.host_kernels import NEEDS_CC, build_pair
 from tests.markers import requires_sources
-
-REPO = Path(__file__).resolve().parents[2]
-CC = shutil.which("cc") or shutil.which("gcc")
 
 pytestmark = [
     requires_sources,
-    pytest.mark.skipif(CC is None, reason="no host C compiler (cc or gcc) to build the kernels"),
+    NEEDS_CC,
     pytest.mark.timeout(300),  # one compile and a few hundred calls: seconds
 ]
 
@@ -79,13 +74,6 @@ int main(int argc, char **argv) {
 """
 
 
-def _cmsis_nn_dir() -> Path:
-    ws = load_workspace()
-    if not ws.has("cmsis-nn"):
-        pytest.skip("the workspace has no CMSIS-NN sources (cmsis-nn): run `deploykit setup`")
-    return ws.path_of("cmsis-nn")
-
-
 def _add_params(scale_1: float, scale_2: float, scale_out: float) -> list[int]:
     """Multipliers and shifts as ExecuTorch's cortex_m pass computes them for an add."""
     from executorch.backends.cortex_m.passes.passes_utils import quantize_multiplier_aot
@@ -112,25 +100,9 @@ def _calls(rng: np.random.Generator):
             yield (scale_1, scale_2, scale_out), params, a, b
 
 
-def _build(tmp_path: Path) -> Path:
-    cmsis_nn = _cmsis_nn_dir()
-    source = tmp_path / "driver.c"
-    source.write_text(DRIVER)
-    exe = tmp_path / "add_pair"
-    includes = [f"-I{cmsis_nn / 'Include'}", f"-I{REPO / 'firmware' / 'kernels'}"]
-    library = cmsis_nn / "Source" / "BasicMathFunctions" / "arm_elementwise_add_s8.c"
-    # deploykit's kernel with the firmware's warnings as errors; CMSIS-NN as it comes.
-    subprocess.run([CC, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", *includes, "-c",
-                    str(REPO / "firmware" / "kernels" / "cmsis_nn_add.c"),
-                    "-o", str(tmp_path / "dk.o")], check=True, capture_output=True, text=True)
-    subprocess.run([CC, "-std=c11", "-O2", *includes, str(source), str(library),
-                    str(tmp_path / "dk.o"), "-o", str(exe)], check=True, capture_output=True,
-                   text=True)
-    return exe
-
-
 def test_dk_add_gives_cmsis_nn_results_bit_for_bit(tmp_path):
-    exe = _build(tmp_path)
+    exe = build_pair(tmp_path, DRIVER, "cmsis_nn_add.c",
+                     ["BasicMathFunctions/arm_elementwise_add_s8.c"])
     rng = np.random.default_rng(20261202)
     calls = list(_calls(rng))
     with (tmp_path / "calls.bin").open("wb") as f:

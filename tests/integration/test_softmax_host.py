@@ -15,22 +15,17 @@ Needs CMSIS-NN's sources from the workspace (`deploykit setup`); a few seconds.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from deploykit.readers.sources import load_workspace
+from tests.integration.host_kernels import NEEDS_CC, build_pair
 from tests.markers import requires_sources
-
-REPO = Path(__file__).resolve().parents[2]
-CC = shutil.which("cc") or shutil.which("gcc")
 
 pytestmark = [
     requires_sources,
-    pytest.mark.skipif(CC is None, reason="no host C compiler (cc or gcc) to build the kernels"),
+    NEEDS_CC,
     pytest.mark.timeout(300),  # one compile and a few thousand calls: seconds
 ]
 
@@ -70,13 +65,6 @@ int main(int argc, char **argv) {
   return fclose(out) == 0 ? 0 : 2;
 }
 """
-
-
-def _cmsis_nn_dir() -> Path:
-    ws = load_workspace()
-    if not ws.has("cmsis-nn"):
-        pytest.skip("the workspace has no CMSIS-NN sources (cmsis-nn): run `deploykit setup`")
-    return ws.path_of("cmsis-nn")
 
 
 def _softmax_params(scale: float) -> tuple[int, int, int]:
@@ -122,26 +110,10 @@ def _calls(rng: np.random.Generator):
                     yield scale, (rows, size, mult, shift, diff_min), x
 
 
-def _build(tmp_path: Path) -> Path:
-    cmsis_nn = _cmsis_nn_dir()
-    source = tmp_path / "driver.c"
-    source.write_text(DRIVER)
-    exe = tmp_path / "softmax_pair"
-    includes = [f"-I{cmsis_nn / 'Include'}", f"-I{REPO / 'firmware' / 'kernels'}"]
-    library = [cmsis_nn / "Source" / "SoftmaxFunctions" / name
-               for name in ("arm_softmax_s8.c", "arm_nn_softmax_common_s8.c")]
-    # deploykit's kernel with the firmware's warnings as errors; CMSIS-NN as it comes.
-    subprocess.run([CC, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", *includes, "-c",
-                    str(REPO / "firmware" / "kernels" / "cmsis_nn_softmax.c"),
-                    "-o", str(tmp_path / "dk.o")], check=True, capture_output=True, text=True)
-    subprocess.run([CC, "-std=c11", "-O2", *includes, str(source), *map(str, library),
-                    str(tmp_path / "dk.o"), "-o", str(exe)], check=True, capture_output=True,
-                   text=True)
-    return exe
-
-
 def test_dk_softmax_gives_cmsis_nn_scalar_results_bit_for_bit(tmp_path):
-    exe = _build(tmp_path)
+    exe = build_pair(tmp_path, DRIVER, "cmsis_nn_softmax.c",
+                     ["SoftmaxFunctions/arm_softmax_s8.c",
+                      "SoftmaxFunctions/arm_nn_softmax_common_s8.c"])
     rng = np.random.default_rng(20240611)
     calls = list(_calls(rng))
     with (tmp_path / "calls.bin").open("wb") as f:
