@@ -5,16 +5,20 @@ and the firmware built from them in test_in_place_qemu.py and test_cmsis_nn_kern
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from deploykit.readers.cmsis_nn_kernels import (
     CONV_KERNELS,
     DEPTHWISE_KERNELS,
+    DEPTHWISE_OP,
     DK_DSP_3X3,
     WRAPPER_ONLY,
     conv_kernel,
     definition_value,
     depthwise_kernel,
+    program_kernels,
 )
 
 
@@ -81,3 +85,19 @@ def test_the_definition_lists_kernels_in_the_firmwares_order():
     assert definition_value(set(), DEPTHWISE_KERNELS) == "none"
     # A layer only the wrapper runs keeps the wrapper, and with it every kernel.
     assert definition_value({"opt", WRAPPER_ONLY}, DEPTHWISE_KERNELS) == "wrapper"
+
+
+class KernelCall(SimpleNamespace):
+    """An instruction of the program's schema by its type name, as the .pte reader tells them."""
+
+
+def test_a_layer_of_unknown_arguments_keeps_the_wrapper():
+    """A depthwise call whose arguments are not the layout of ExecuTorch v1.4.1's cortex_m
+    operator (here: too few, a program made elsewhere) links every kernel instead of failing
+    the build."""
+    x = SimpleNamespace(val=SimpleNamespace(sizes=[1, 8, 5, 5]))
+    call = SimpleNamespace(instr_args=KernelCall(op_index=0, args=[0, 0, 0]))
+    plan = SimpleNamespace(operators=[SimpleNamespace(name=DEPTHWISE_OP, overload="")],
+                           values=[x], chains=[SimpleNamespace(instructions=[call])])
+    program = SimpleNamespace(execution_plan=[plan])
+    assert program_kernels(program, mve=True) == (set(), {WRAPPER_ONLY})

@@ -33,9 +33,9 @@ DEPTHWISE_KERNELS = ("3x3", "opt", "generic")
 # depthwise kernel.
 DK_DSP_3X3 = "dk_dsp_3x3"
 DK_DSP_3X3_MAX_WIDTH = 7  # output pixels per row: the kernel's buffer holds 9 columns
-# MVE only: one input channel to several output channels runs as a regular convolution,
-# through a function private to the wrapper's file; a program with such a layer keeps the
-# wrapper.
+# A layer only CMSIS-NN's wrapper runs (MVE: one input channel to several output channels,
+# through a convolution private to the wrapper's file), or one whose arguments this reader does
+# not know: the program keeps the wrapper.
 WRAPPER_ONLY = "to_conv"
 
 
@@ -99,18 +99,26 @@ def program_kernels(program: Any, mve: bool, dsp: bool = False) -> tuple[set[str
         for name, args in kernel_calls(plan):
             if name not in (CONV_OP, DEPTHWISE_OP):
                 continue
-            # (input, weight, bias, stride, padding, dilation, [depth_multiplier,] ..., out)
-            x, weight, out = (plan.values[args[i]].val for i in (0, 1, -1))
-            sizes = [int(s) for s in x.sizes]
-            stride, padding, dilation = (_ints(plan, args[i]) for i in (3, 4, 5))
-            if name == CONV_OP:
-                conv.add(conv_kernel(sizes, [int(s) for s in weight.sizes], stride, padding,
-                                     dilation))
-                continue
-            depthwise.add(depthwise_kernel(
-                sizes, int(out.sizes[1]), (int(weight.sizes[1]), int(weight.sizes[2])),
-                padding, dilation, int(plan.values[args[6]].val.int_val), mve, stride, dsp))
+            taken = conv if name == CONV_OP else depthwise
+            try:
+                taken.add(_layer_kernel(plan, name, args, mve, dsp))
+            except (AttributeError, IndexError, TypeError, ValueError):
+                # Not the argument layout of ExecuTorch v1.4.1's cortex_m operators (a program
+                # made elsewhere): CMSIS-NN's wrapper picks, with every kernel linked.
+                taken.add(WRAPPER_ONLY)
     return conv, depthwise
+
+
+def _layer_kernel(plan: Any, name: str, args: list[int], mve: bool, dsp: bool) -> str:
+    # (input, weight, bias, stride, padding, dilation, [depth_multiplier,] ..., out)
+    x, weight, out = (plan.values[args[i]].val for i in (0, 1, -1))
+    sizes = [int(s) for s in x.sizes]
+    stride, padding, dilation = (_ints(plan, args[i]) for i in (3, 4, 5))
+    if name == CONV_OP:
+        return conv_kernel(sizes, [int(s) for s in weight.sizes], stride, padding, dilation)
+    return depthwise_kernel(
+        sizes, int(out.sizes[1]), (int(weight.sizes[1]), int(weight.sizes[2])), padding,
+        dilation, int(plan.values[args[6]].val.int_val), mve, stride, dsp)
 
 
 def kernel_definitions(pte_paths: list[Path], mve: bool, dsp: bool = False) -> dict[str, str]:
