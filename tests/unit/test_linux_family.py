@@ -4,6 +4,8 @@ commands (qemu-aarch64 and SSH) and options, and the board-file fields it added.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -150,3 +152,43 @@ def test_runtime_is_configured_from_its_own_toolchain_copy(tmp_path, monkeypatch
     assert not any(str(lr.toolchain_file().parent) in arg for arg in configure), configure
     assert runtime_key(["-mcpu=cortex-a76"], COMMITS)[1].count("toolchain=") == 1
     assert str(lr.toolchain_file()) not in lr.runtime_key(["-mcpu=cortex-a76"], COMMITS)[1]
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from deploykit.util.locks import file_lock
+directory = Path(sys.argv[1])
+with file_lock(directory / ".dk-build.lock", str(directory)):
+    print("HELD", flush=True)
+    time.sleep(1.0)
+    (directory / "dk-runtime-installed.json").write_text('{"key": "k", "seconds": 1.0}')
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_second_build_of_one_key_waits_and_takes_the_first(tmp_path, monkeypatch):
+    """Two builds of one aarch64 runtime key (two boards with the same CPU flags): the second
+    waits for the first's lock, says so, and then finds the runtime installed instead of
+    configuring the directory again. The other build is a real process holding the lock."""
+    import deploykit.families.linux_runtime as lr
+
+    commands: list[list[str]] = []
+    monkeypatch.setattr(lr, "require_tools", lambda *names: None)
+    monkeypatch.setattr(lr, "_compiler_version", lambda prefix: "12.2.0")
+    monkeypatch.setattr(lr, "_run_logged", lambda cmd, *args, **kw: commands.append(cmd))
+    cache = tmp_path / "runtime-cache"
+    key, _ = lr.runtime_key(["-mcpu=cortex-a76"], COMMITS)
+    directory = cache / f"linux-aarch64-{key}"
+    directory.mkdir(parents=True)
+    root = Path(__file__).resolve().parents[2]
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(directory)], text=True,
+                              stdout=subprocess.PIPE, env={"PYTHONPATH": str(root / "tools")})
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "HELD"
+    said: list[str] = []
+    runtime = lr.build_runtime(tmp_path / "executorch", cache, ["-mcpu=cortex-a76"], COMMITS,
+                               progress=said.append)
+    assert holder.wait(timeout=30) == 0
+    assert runtime.cached and runtime.directory == directory
+    assert commands == []
+    assert any(m.startswith("waiting for pid ") and str(directory) in m for m in said), said

@@ -18,6 +18,7 @@ from deploykit.build.cmake import _run_logged
 from deploykit.readers.boards import repo_root
 from deploykit.readers.doctor import require_tools
 from deploykit.util.fsutil import write_atomic
+from deploykit.util.locks import file_lock
 from deploykit.util.process import tool_version
 from deploykit.util.version import deploykit_version
 
@@ -126,6 +127,22 @@ def build_runtime(
     if done.exists():
         return LinuxRuntime(directory, key, prefix, True, 0.0)
     require_tools("cmake", "ninja", "aarch64-linux-gnu-g++")
+    # Two builds of one key (two boards with the same CPU flags, `matrix -j 2`) would configure
+    # and compile into one directory at once: the second waits, then finds it installed.
+    directory.mkdir(parents=True, exist_ok=True)
+    with file_lock(directory / ".dk-build.lock", str(directory),
+                   progress or (lambda _message: None)):
+        if done.exists():
+            return LinuxRuntime(directory, key, prefix, True, 0.0)
+        return _build_runtime(executorch_dir, directory, key, text, cpu_flags, jobs, progress)
+
+
+def _build_runtime(executorch_dir: Path, directory: Path, key: str, text: str,
+                   cpu_flags: list[str], jobs: int,
+                   progress: Callable[[str], None] | None) -> LinuxRuntime:
+    """Configure, build and install into `directory` (its lock held)."""
+    prefix = directory / "install"
+    done = directory / "dk-runtime-installed.json"
     build = directory / "build"
     # The key hashes the toolchain file's content, not its path: every checkout of deploykit
     # with the same file shares this directory. CMake records the toolchain file's path in the

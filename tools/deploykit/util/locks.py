@@ -6,8 +6,9 @@ says which process holds it and waits (Ctrl-C stops the wait). The lock goes wit
 a command that is killed cannot leave a stale lock. Nested stages of one command (run →
 build → export) take it once.
 
-The ExecuTorch runtime cache has its own locks, taken by CMake (`file(LOCK)`, which is
-`fcntl` too) in cmake/ExecuTorchRuntime.cmake and cmake/executorch-runtime/build.cmake.
+The ExecuTorch runtime cache has its own locks: for the bare-metal runtimes taken by CMake
+(`file(LOCK)`, which is `fcntl` too) in cmake/executorch-runtime/configure.cmake and build.cmake;
+for the aarch64 Linux runtime `file_lock` below (families/linux_runtime.py).
 """
 
 from __future__ import annotations
@@ -41,16 +42,7 @@ def out_lock(out: Path, on_wait: Callable[[str], None] = _tell_stderr) -> Iterat
         finally:
             _held[key] -= 1
         return
-    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            on_wait(f"waiting for {holder} to finish with {out}")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} ({' '.join(sys.argv[1:3]) or 'python'})\n".encode(), 0)
+    with file_lock(out / LOCK_NAME, str(out), on_wait):
         _held[key] = 1
         try:
             yield
@@ -61,5 +53,23 @@ def out_lock(out: Path, on_wait: Callable[[str], None] = _tell_stderr) -> Iterat
                     if [p.name for p in out.iterdir()] == [LOCK_NAME]:
                         (out / LOCK_NAME).unlink()
                         out.rmdir()
+
+
+@contextlib.contextmanager
+def file_lock(lock_file: Path, what: str,
+              on_wait: Callable[[str], None] = _tell_stderr) -> Iterator[None]:
+    """Hold an exclusive flock on `lock_file` (which names its holder) for the duration; wait,
+    saying which process has `what`, while another one holds it."""
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            on_wait(f"waiting for {holder} to finish with {what}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} ({' '.join(sys.argv[1:3]) or 'python'})\n".encode(), 0)
+        yield
     finally:
         os.close(fd)  # releases the lock
