@@ -38,7 +38,8 @@
 #define DK_DWM_PLANE (DK_DWM_MAX_COLUMNS * DK_DWM_COLUMN) /* bytes per channel */
 /* A column's last group of four rows reads up to 3 rows past the padded map. */
 #define DK_DWM_BUF_BYTES (DK_DWM_BLOCK * DK_DWM_PLANE + 4)
-#define DK_DWM_SUMS ((DK_DWM_MAX_COLUMNS - 2) * DK_DWM_COLUMN) /* one channel's sums */
+/* One channel's sums: columns of DK_DWM_COLUMN, as the buffer's. */
+#define DK_DWM_SUMS ((DK_DWM_MAX_COLUMNS - 2) * DK_DWM_COLUMN)
 
 int dk_depthwise_conv_3x3_mve_s8_applies(const cmsis_nn_dw_conv_params *dw_conv_params,
                                          const cmsis_nn_dims *input_dims,
@@ -57,38 +58,158 @@ int dk_depthwise_conv_3x3_mve_s8_applies(const cmsis_nn_dw_conv_params *dw_conv_
          input_dims->w + 2 * p->padding.w <= DK_DWM_MAX_COLUMNS;
 }
 
-/* The sums of x w of one channel, column by column, `groups` vectors of four rows per column:
- * `buf` is the channel's padded map, `f` its first weight (weights `channels` bytes apart). */
-static __attribute__((noinline)) void dk_dwm_sums(const int8_t *buf, int32_t *sums,
-                                                  const int8_t *f, const int32_t channels,
-                                                  const int32_t groups, const int32_t out_w) {
-  const int32_t w0 = f[0], w1 = f[channels], w2 = f[2 * channels], w3 = f[3 * channels];
-  const int32_t w4 = f[4 * channels], w5 = f[5 * channels], w6 = f[6 * channels];
-  const int32_t w7 = f[7 * channels], w8 = f[8 * channels];
-  for (int32_t x = 0; x < out_w; ++x, buf += DK_DWM_COLUMN) {
-    const int8_t *p = buf;
-    for (int32_t g = groups; g > 0; --g, p += 4, sums += 4) {
-      /* Weight (ky, kx) is w[3 ky + kx]: buffer column kx, row ky. */
-      int32x4_t acc = vmulq_n_s32(vldrbq_s32(p), w0);
-      acc = vmlaq_n_s32(acc, vldrbq_s32(p + 1), w3);
-      acc = vmlaq_n_s32(acc, vldrbq_s32(p + 2), w6);
-      acc = vmlaq_n_s32(acc, vldrbq_s32(p + DK_DWM_COLUMN), w1);
-      acc = vmlaq_n_s32(acc, vldrbq_s32(p + DK_DWM_COLUMN + 1), w4);
-      acc = vmlaq_n_s32(acc, vldrbq_s32(p + DK_DWM_COLUMN + 2), w7);
-      acc = vmlaq_n_s32(acc, vldrbq_s32(p + 2 * DK_DWM_COLUMN), w2);
-      acc = vmlaq_n_s32(acc, vldrbq_s32(p + 2 * DK_DWM_COLUMN + 1), w5);
-      acc = vmlaq_n_s32(acc, vldrbq_s32(p + 2 * DK_DWM_COLUMN + 2), w8);
-      vstrwq_s32(sums, acc);
+/* The sums of x w of `n` (1 to 3) adjacent output columns of one channel, `groups` vectors of
+ * four rows each: `p` is the first column's buffer column, `s` its sums (DK_DWM_COLUMN apart,
+ * as the buffer's columns). Each buffer column (3 loads) is loaded once for the up to three
+ * output columns that read it: 3 (n + 2) loads and 9 n VMLAs. */
+static inline __attribute__((always_inline)) void dk_dwm_columns(const int8_t *p, int32_t *s,
+                                                                 const int32_t *w,
+                                                                 int32_t groups,
+                                                                 const int32_t n) {
+  /* From the middle column: the loads' immediate offsets reach +-127 bytes. */
+  for (p += 2 * DK_DWM_COLUMN, s += DK_DWM_COLUMN; groups > 0; --groups, p += 4, s += 4) {
+    int32x4_t acc[3];
+#pragma GCC unroll 5
+    for (int32_t col = 0; col < n + 2; ++col) {
+#pragma GCC unroll 3
+      for (int32_t ky = 0; ky < 3; ++ky) {
+        const int32x4_t x = vldrbq_s32(p + (col - 2) * DK_DWM_COLUMN + ky);
+#pragma GCC unroll 3
+        for (int32_t kx = 0; kx < 3; ++kx) {
+          const int32_t j = col - kx; /* the output column whose tap (ky, kx) this is */
+          if (j >= 0 && j < n) {
+            if (kx == 0 && ky == 0) {
+              acc[j] = vmulq_n_s32(x, w[3 * ky + kx]);
+            } else {
+              acc[j] = vmlaq_n_s32(acc[j], x, w[3 * ky + kx]);
+            }
+            /* Keeps each sum in its register: GCC 12 otherwise reassociates the adds, keeps
+             * the products alive meanwhile and spills them. */
+            __asm__("" : "+w"(acc[j]));
+          }
+        }
+      }
+    }
+#pragma GCC unroll 3
+    for (int32_t j = 0; j < n; ++j) {
+      vstrwq_s32(s + (j - 1) * DK_DWM_COLUMN, acc[j]);
     }
   }
 }
 
-/* The outputs of `n` groups of four rows from their sums plus `init`: arm_requantize_mve with
- * the channel's multiplier and shift, the output offset, the clamp, and a scatter to four
- * output rows, the last group's predicated on `tail`. Fast (the shift a right shift, as in
- * most layers): its left shift of 0 left out, and its rounding fixup (the remainder of a
- * negative value, (v & -exponent) >> 31) is v >> 31. */
-static inline __attribute__((always_inline)) const int32_t *dk_dwm_outputs(
+/* dk_dwm_columns for 3 and 2 columns in assembly: GCC 12 keeps the nine weights in core
+ * registers only when it has to (otherwise it spills and reloads them, and moves the sums
+ * between vector registers). `p` is the middle of the columns read (loads at -64..+64), `s` the
+ * first column's sums (the others DK_DWM_COLUMN words on). Per group of four rows: 15 loads,
+ * 27 multiplies (3 columns), 3 stores; 12, 18 and 2 for 2 columns. */
+#define DK_DWM_W "%[w0]", "%[w1]", "%[w2]", "%[w3]", "%[w4]", "%[w5]", "%[w6]", "%[w7]", "%[w8]"
+#define DK_DWM_ASM_OPERANDS                                                                     \
+  : [p] "+r"(p), [s] "+r"(s), [n] "+r"(groups)                                                  \
+  : [w0] "r"(w[0]), [w1] "r"(w[1]), [w2] "r"(w[2]), [w3] "r"(w[3]), [w4] "r"(w[4]),           \
+    [w5] "r"(w[5]), [w6] "r"(w[6]), [w7] "r"(w[7]), [w8] "r"(w[8])                            \
+  : "q0", "q1", "q2", "q3", "q4", "q5", "memory", "cc"
+
+static __attribute__((noinline)) void dk_dwm_columns3(const int8_t *p, int32_t *s, const int32_t *w, int32_t groups) {
+  p += 2 * DK_DWM_COLUMN;
+  __asm__ volatile(
+      "1:\n"
+      "vldrb.s32 q3, [%[p], #-64]\n"
+      "vldrb.s32 q4, [%[p], #-63]\n"
+      "vmul.i32 q0, q3, %[w0]\n"
+      "vldrb.s32 q5, [%[p], #-62]\n"
+      "vmla.s32 q0, q4, %[w3]\n"
+      "vldrb.s32 q3, [%[p], #-32]\n"
+      "vmla.s32 q0, q5, %[w6]\n"
+      "vldrb.s32 q4, [%[p], #-31]\n"
+      "vmul.i32 q1, q3, %[w0]\n"
+      "vmla.s32 q0, q3, %[w1]\n"
+      "vldrb.s32 q5, [%[p], #-30]\n"
+      "vmla.s32 q1, q4, %[w3]\n"
+      "vmla.s32 q0, q4, %[w4]\n"
+      "vldrb.s32 q3, [%[p], #0]\n"
+      "vmla.s32 q1, q5, %[w6]\n"
+      "vmla.s32 q0, q5, %[w7]\n"
+      "vldrb.s32 q4, [%[p], #1]\n"
+      "vmul.i32 q2, q3, %[w0]\n"
+      "vmla.s32 q1, q3, %[w1]\n"
+      "vmla.s32 q0, q3, %[w2]\n"
+      "vldrb.s32 q5, [%[p], #2]\n"
+      "vmla.s32 q2, q4, %[w3]\n"
+      "vmla.s32 q1, q4, %[w4]\n"
+      "vmla.s32 q0, q4, %[w5]\n"
+      "vldrb.s32 q3, [%[p], #32]\n"
+      "vmla.s32 q2, q5, %[w6]\n"
+      "vmla.s32 q1, q5, %[w7]\n"
+      "vmla.s32 q0, q5, %[w8]\n"
+      "vldrb.s32 q4, [%[p], #33]\n"
+      "vmla.s32 q2, q3, %[w1]\n"
+      "vmla.s32 q1, q3, %[w2]\n"
+      "vldrb.s32 q5, [%[p], #34]\n"
+      "vmla.s32 q2, q4, %[w4]\n"
+      "vmla.s32 q1, q4, %[w5]\n"
+      "vldrb.s32 q3, [%[p], #64]\n"
+      "vmla.s32 q2, q5, %[w7]\n"
+      "vmla.s32 q1, q5, %[w8]\n"
+      "vldrb.s32 q4, [%[p], #65]\n"
+      "vmla.s32 q2, q3, %[w2]\n"
+      "vldrb.s32 q5, [%[p], #66]\n"
+      "vmla.s32 q2, q4, %[w5]\n"
+      "vstrw.32 q1, [%[s], #128]\n"
+      "vmla.s32 q2, q5, %[w8]\n"
+      "adds %[p], #4\n"
+      "vstrw.32 q2, [%[s], #256]\n"
+      "subs %[n], #1\n"
+      "vstrw.32 q0, [%[s]], #16\n"
+      "bne 1b\n" DK_DWM_ASM_OPERANDS);
+}
+
+static __attribute__((noinline)) void dk_dwm_columns2(const int8_t *p, int32_t *s, const int32_t *w, int32_t groups) {
+  p += 2 * DK_DWM_COLUMN;
+  __asm__ volatile(
+      "1:\n"
+      "vldrb.s32 q3, [%[p], #-64]\n"
+      "vldrb.s32 q4, [%[p], #-63]\n"
+      "vmul.i32 q0, q3, %[w0]\n"
+      "vldrb.s32 q5, [%[p], #-62]\n"
+      "vmla.s32 q0, q4, %[w3]\n"
+      "vldrb.s32 q3, [%[p], #-32]\n"
+      "vmla.s32 q0, q5, %[w6]\n"
+      "vldrb.s32 q4, [%[p], #-31]\n"
+      "vmul.i32 q1, q3, %[w0]\n"
+      "vmla.s32 q0, q3, %[w1]\n"
+      "vldrb.s32 q5, [%[p], #-30]\n"
+      "vmla.s32 q1, q4, %[w3]\n"
+      "vmla.s32 q0, q4, %[w4]\n"
+      "vldrb.s32 q3, [%[p], #0]\n"
+      "vmla.s32 q1, q5, %[w6]\n"
+      "vmla.s32 q0, q5, %[w7]\n"
+      "vldrb.s32 q4, [%[p], #1]\n"
+      "vmla.s32 q1, q3, %[w1]\n"
+      "vmla.s32 q0, q3, %[w2]\n"
+      "vldrb.s32 q5, [%[p], #2]\n"
+      "vmla.s32 q1, q4, %[w4]\n"
+      "vmla.s32 q0, q4, %[w5]\n"
+      "vldrb.s32 q3, [%[p], #32]\n"
+      "vmla.s32 q1, q5, %[w7]\n"
+      "vmla.s32 q0, q5, %[w8]\n"
+      "vldrb.s32 q4, [%[p], #33]\n"
+      "vmla.s32 q1, q3, %[w2]\n"
+      "vldrb.s32 q5, [%[p], #34]\n"
+      "vmla.s32 q1, q4, %[w5]\n"
+      "adds %[p], #4\n"
+      "vmla.s32 q1, q5, %[w8]\n"
+      "subs %[n], #1\n"
+      "vstrw.32 q1, [%[s], #128]\n"
+      "vstrw.32 q0, [%[s]], #16\n"
+      "bne 1b\n" DK_DWM_ASM_OPERANDS);
+}
+
+/* The outputs of one column's `groups` groups of four rows from their sums plus `init`:
+ * arm_requantize_mve with the channel's multiplier and shift, the output offset, the clamp,
+ * and a scatter to four output rows, the last group's predicated on `tail`. Fast (the shift a
+ * right shift, as in most layers): its left shift of 0 left out, and its rounding fixup (the
+ * remainder of a negative value, (v & -exponent) >> 31) is v >> 31. */
+static inline __attribute__((always_inline)) void dk_dwm_outputs(
     const int32_t *sums, int8_t *o, int32_t n, const mve_pred16_t tail, const int32_t init,
     const int32_t mult, const int32_t shift, const uint32x4_t out_rows, const int32_t out_step,
     const int32_t output_offset, const int32x4_t lo, const int32x4_t hi, const int fast) {
@@ -107,46 +228,85 @@ static inline __attribute__((always_inline)) const int32_t *dk_dwm_outputs(
       vstrbq_scatter_offset_p_s32(o, out_rows, v, tail);
     }
   }
-  return sums;
 }
 
-/* One channel's outputs from its sums plus `init`, column by column. */
-static __attribute__((noinline)) void dk_dwm_store(
-    const int32_t *sums, int8_t *out, const int32_t channels, const int32_t init,
-    const int32_t mult, const int32_t shift, const int32_t out_h, const int32_t out_w,
-    const uint32x4_t out_rows, const int32_t out_step, const int32_t output_offset,
-    const int32_t act_min, const int32_t act_max) {
-  const int32x4_t lo = vdupq_n_s32(act_min), hi = vdupq_n_s32(act_max);
-  const int32_t groups = (out_h + 3) / 4;
-  const mve_pred16_t tail = vctp32q((uint32_t)(out_h - 4 * (groups - 1)));
-  for (int32_t x = 0; x < out_w; ++x, out += channels) {
+/* What the channels of a layer share. */
+typedef struct dk_dwm_layer {
+  int32_t channels, out_h, out_w, groups, out_step, input_offset, output_offset;
+  uint32x4_t out_rows; /* byte offsets of four output rows */
+  int32x4_t lo, hi;    /* the activation's range */
+  mve_pred16_t tail;   /* the rows of a column's last group */
+} dk_dwm_layer_t;
+
+/* One channel: its sums from its plane `buf` of the buffer, then its outputs from `out` on.
+ * `f` is its first weight (weights `channels` bytes apart). */
+static __attribute__((noinline)) void dk_dwm_channel(const dk_dwm_layer_t *l, const int8_t *buf,
+                                                     int8_t *out, const int8_t *f,
+                                                     const int32_t bias, const int32_t mult,
+                                                     const int32_t shift, int32_t *sums) {
+  const int32_t C = l->channels, groups = l->groups, out_w = l->out_w;
+  int32_t w[9];
+  int32_t sum_w = 0;
+  for (int32_t tap = 0; tap < 9; ++tap) {
+    w[tap] = f[tap * C];
+    sum_w += w[tap];
+  }
+  /* bias + input_offset x (sum of the weights) + sum of x w over the padded window: the
+   * padding's x is -input_offset, so this is bias + sum of (x + input_offset) w over the taps
+   * on the map, CMSIS-NN's sum. */
+  const int32_t init = (int32_t)((uint32_t)bias + (uint32_t)l->input_offset * (uint32_t)sum_w);
+  /* Columns 3 at a time, the last 2 or 4 two at a time; a map one column wide in C. */
+  int32_t x = 0;
+  for (; out_w - x >= 5 || out_w - x == 3; x += 3) {
+    dk_dwm_columns3(buf + x * DK_DWM_COLUMN, sums + x * DK_DWM_COLUMN, w, groups);
+  }
+  for (; out_w - x >= 2; x += 2) {
+    dk_dwm_columns2(buf + x * DK_DWM_COLUMN, sums + x * DK_DWM_COLUMN, w, groups);
+  }
+  if (x < out_w) {
+    dk_dwm_columns(buf + x * DK_DWM_COLUMN, sums + x * DK_DWM_COLUMN, w, groups, 1);
+  }
+  for (x = 0; x < out_w; ++x, out += C, sums += DK_DWM_COLUMN) {
     if (shift < 0) {
-      sums = dk_dwm_outputs(sums, out, groups, tail, init, mult, shift, out_rows, out_step,
-                            output_offset, lo, hi, 1);
+      dk_dwm_outputs(sums, out, groups, l->tail, init, mult, shift, l->out_rows, l->out_step,
+                     l->output_offset, l->lo, l->hi, 1);
     } else {
-      sums = dk_dwm_outputs(sums, out, groups, tail, init, mult, shift, out_rows, out_step,
-                            output_offset, lo, hi, 0);
+      dk_dwm_outputs(sums, out, groups, l->tail, init, mult, shift, l->out_rows, l->out_step,
+                     l->output_offset, l->lo, l->hi, 0);
     }
   }
 }
 
 /* A block's four channels into their planes of the buffer: a gather of one input word (the
- * four channels) from each of four rows, then its bytes to the four planes. */
+ * four channels) from each of four rows, then its bytes to the four planes; the last group of
+ * a column predicated on its rows. */
+static inline __attribute__((always_inline)) void dk_dwm_put(const int8_t *src, int8_t *dst,
+                                                             const uint32x4_t in_rows,
+                                                             const mve_pred16_t rows) {
+  const int32x4_t v = vldrwq_gather_offset_z_s32((const int32_t *)src, in_rows, rows);
+  vstrbq_p_s32(dst, v, rows);
+  vstrbq_p_s32(dst + DK_DWM_PLANE, vshrq_n_s32(v, 8), rows);
+  vstrbq_p_s32(dst + 2 * DK_DWM_PLANE, vshrq_n_s32(v, 16), rows);
+  vstrbq_p_s32(dst + 3 * DK_DWM_PLANE, vshrq_n_s32(v, 24), rows);
+}
+
 static __attribute__((noinline)) void dk_dwm_fill(const int8_t *in, int8_t *interior,
                                                   const int32_t channels, const int32_t in_h,
                                                   const int32_t in_w, const uint32x4_t in_rows,
                                                   const int32_t in_step) {
+  const int32_t full = (in_h - 1) / 4; /* groups of four rows before the last */
+  const mve_pred16_t last = vctp32q((uint32_t)(in_h - 4 * full));
   for (int32_t x = 0; x < in_w; ++x, in += channels, interior += DK_DWM_COLUMN) {
     const int8_t *src = in;
     int8_t *dst = interior;
-    for (int32_t left = in_h; left > 0; left -= 4, src += in_step, dst += 4) {
-      const mve_pred16_t rows = vctp32q((uint32_t)left);
-      const int32x4_t v = vldrwq_gather_offset_z_s32((const int32_t *)src, in_rows, rows);
-      vstrbq_p_s32(dst, v, rows);
-      vstrbq_p_s32(dst + DK_DWM_PLANE, vshrq_n_s32(v, 8), rows);
-      vstrbq_p_s32(dst + 2 * DK_DWM_PLANE, vshrq_n_s32(v, 16), rows);
-      vstrbq_p_s32(dst + 3 * DK_DWM_PLANE, vshrq_n_s32(v, 24), rows);
+    for (int32_t g = full; g > 0; --g, src += in_step, dst += 4) {
+      const int32x4_t v = vldrwq_gather_offset_s32((const int32_t *)src, in_rows);
+      vstrbq_s32(dst, v);
+      vstrbq_s32(dst + DK_DWM_PLANE, vshrq_n_s32(v, 8));
+      vstrbq_s32(dst + 2 * DK_DWM_PLANE, vshrq_n_s32(v, 16));
+      vstrbq_s32(dst + 3 * DK_DWM_PLANE, vshrq_n_s32(v, 24));
     }
+    dk_dwm_put(src, dst, in_rows, last);
   }
 }
 
@@ -158,37 +318,33 @@ void dk_depthwise_conv_3x3_mve_s8(const cmsis_nn_dw_conv_params *dw_conv_params,
   int8_t buf[DK_DWM_BUF_BYTES] __attribute__((aligned(4)));
   int32_t sums[DK_DWM_SUMS] __attribute__((aligned(8)));
   const int32_t C = input_dims->c, H = input_dims->h, W = input_dims->w;
-  const int32_t Ho = output_dims->h, Wo = output_dims->w, groups = (Ho + 3) / 4;
   const int32_t pad_top = dw_conv_params->padding.h, pad_left = dw_conv_params->padding.w;
-  const int32_t input_offset = dw_conv_params->input_offset;
-  const int32_t in_row = W * C, out_row = Wo * C;
+  const int32_t in_row = W * C;
+  dk_dwm_layer_t l;
+  l.channels = C;
+  l.out_h = output_dims->h;
+  l.out_w = output_dims->w;
+  l.groups = (l.out_h + 3) / 4;
+  l.out_step = 4 * l.out_w * C;
+  l.input_offset = dw_conv_params->input_offset;
+  l.output_offset = dw_conv_params->output_offset;
   /* Byte offsets of four rows: of the input (gathers) and of the output (scatters). */
   const uint32x4_t in_rows = vmulq_n_u32(vidupq_n_u32(0, 1), (uint32_t)in_row);
-  const uint32x4_t out_rows = vmulq_n_u32(vidupq_n_u32(0, 1), (uint32_t)out_row);
+  l.out_rows = vmulq_n_u32(vidupq_n_u32(0, 1), (uint32_t)(l.out_w * C));
+  l.lo = vdupq_n_s32(dw_conv_params->activation.min);
+  l.hi = vdupq_n_s32(dw_conv_params->activation.max);
+  l.tail = vctp32q((uint32_t)(l.out_h - 4 * (l.groups - 1)));
 
   /* The padding, kept: each block writes only the map's own rows and columns. */
-  memset(buf, (int8_t)-input_offset, sizeof(buf));
+  memset(buf, (int8_t)-l.input_offset, sizeof(buf));
   for (int32_t g = 0; g < C; g += DK_DWM_BLOCK) {
     dk_dwm_fill(input_data + g, buf + pad_left * DK_DWM_COLUMN + pad_top, C, H, W, in_rows,
                 4 * in_row);
     for (int32_t k = 0; k < DK_DWM_BLOCK; ++k) {
       const int32_t c = g + k;
-      const int8_t *f = filter_data + c;
-      int32_t sum_w = 0;
-      for (int32_t tap = 0; tap < 9; ++tap) {
-        sum_w += f[tap * C];
-      }
-      const int32_t bias = bias_data != NULL ? bias_data[c] : 0;
-      /* bias + input_offset x (sum of the weights) + sum of x w over the padded window: the
-       * padding's x is -input_offset, so this is bias + sum of (x + input_offset) w over the
-       * taps on the map, CMSIS-NN's sum. */
-      const int32_t init =
-          (int32_t)((uint32_t)bias + (uint32_t)input_offset * (uint32_t)sum_w);
-      dk_dwm_sums(buf + k * DK_DWM_PLANE, sums, f, C, groups, Wo);
-      dk_dwm_store(sums, output_data + c, C, init, quant_params->multiplier[c],
-                   quant_params->shift[c], Ho, Wo, out_rows, 4 * out_row,
-                   dw_conv_params->output_offset, dw_conv_params->activation.min,
-                   dw_conv_params->activation.max);
+      dk_dwm_channel(&l, buf + k * DK_DWM_PLANE, output_data + c, filter_data + c,
+                     bias_data != NULL ? bias_data[c] : 0, quant_params->multiplier[c],
+                     quant_params->shift[c], sums);
     }
   }
 }
