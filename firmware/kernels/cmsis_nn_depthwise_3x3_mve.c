@@ -4,24 +4,27 @@
  *
  * CMSIS-NN's MVE path (arm_depthwise_conv_s8_opt) copies every output pixel's 3x3 window into
  * an im2col buffer, a copy or fill per tap, before its dot products (on DS-CNN's 3x3 layers 2.4
- * instructions per MAC on qemu-an547, with the bands of an in-place layer). This one takes one
- * channel at a time:
+ * instructions per MAC on qemu-an547, with the bands of an in-place layer). This one:
  *
- * - The channel's input is gathered (VLDRB gather, four rows per load) into a small buffer,
- *   column by column with a fixed 32 bytes between columns, the padding around it holding
- *   -input_offset (the input zero point), as CMSIS-NN's im2col does: a padding tap adds
- *   (x + input_offset) x w = 0.
- * - Four vertically adjacent output pixels of one column are the four int32 lanes: each of the
- *   9 taps is one VLDRB.S32 from the buffer (a fixed immediate offset from one pointer) and one
- *   VMLA by the tap's weight, a scalar in a core register, on an accumulator that starts at
- *   bias + input_offset x (sum of the weights): 18 instructions for 36 MACs. Then
- *   arm_requantize_mve with the channel's multiplier and shift, the output offset, the clamp
- *   and one VSTRB scatter to the four output rows (predicated on the last rows of a column).
- *   The same int32 sums as CMSIS-NN's bias + sum of (x + input_offset) x w (modulo 2^32, no
- *   saturation in between), so the same outputs.
- * - A layer written over its own input: a channel's outputs are written only over its own
- *   input, which is in the buffer by then. So any layer of the domain runs in one call, the
- *   channel's set-up (weights, bias, quantization) once.
+ * - Takes a block of four channels at a time and gathers its input into a buffer on the stack,
+ *   one plane per channel, column by column with a fixed 32 bytes between columns: one VLDRW
+ *   gather of the block's word from four rows, its four bytes stored to the four planes. The
+ *   padding around the map holds -input_offset (the input zero point), as CMSIS-NN's im2col
+ *   does: a padding tap adds (x + input_offset) x w = 0.
+ * - Then one channel at a time, four vertically adjacent output pixels of a column in the four
+ *   int32 lanes: each tap is a VLDRB.S32 from the plane (a fixed immediate offset) and a VMLA
+ *   by the tap's weight, a scalar in a core register; a buffer column's loads serve the up to
+ *   three output columns that read it (dk_dwm_columns3). The sums start at bias +
+ *   input_offset x (sum of the weights): the same int32 as CMSIS-NN's bias + sum of
+ *   (x + input_offset) x w over the taps on the map (modulo 2^32, no saturation in between).
+ * - The sums go to a small array, then arm_requantize_mve with the channel's multiplier and
+ *   shift, the output offset and the clamp, and one VSTRB scatter to the four output rows
+ *   (predicated on the last rows of a column): CMSIS-NN's arithmetic, so its outputs.
+ * - A layer written over its own input: a block's outputs are written only over its own input,
+ *   which is in the buffer by then, so any layer of the domain runs in one call, each channel's
+ *   set-up (weights, bias, quantization) once.
+ *
+ * Gathers: one per four input words (the fill); the multiply loops load contiguously.
  *
  * tests/integration/test_depthwise_3x3_dsp_qemu.py runs layers inside and outside this domain
  * on qemu-an547 against the host's reference (CMSIS-NN's own C code).
@@ -58,175 +61,155 @@ int dk_depthwise_conv_3x3_mve_s8_applies(const cmsis_nn_dw_conv_params *dw_conv_
          input_dims->w + 2 * p->padding.w <= DK_DWM_MAX_COLUMNS;
 }
 
-/* The sums of x w of `n` (1 to 3) adjacent output columns of one channel, `groups` vectors of
- * four rows each: `p` is the first column's buffer column, `s` its sums (DK_DWM_COLUMN apart,
- * as the buffer's columns). Each buffer column (3 loads) is loaded once for the up to three
- * output columns that read it: 3 (n + 2) loads and 9 n VMLAs. */
-static inline __attribute__((always_inline)) void dk_dwm_columns(const int8_t *p, int32_t *s,
-                                                                 const int32_t *w,
-                                                                 int32_t groups,
-                                                                 const int32_t n) {
-  /* From the middle column: the loads' immediate offsets reach +-127 bytes. */
-  for (p += 2 * DK_DWM_COLUMN, s += DK_DWM_COLUMN; groups > 0; --groups, p += 4, s += 4) {
-    int32x4_t acc[3];
-#pragma GCC unroll 5
-    for (int32_t col = 0; col < n + 2; ++col) {
-#pragma GCC unroll 3
-      for (int32_t ky = 0; ky < 3; ++ky) {
-        const int32x4_t x = vldrbq_s32(p + (col - 2) * DK_DWM_COLUMN + ky);
-#pragma GCC unroll 3
-        for (int32_t kx = 0; kx < 3; ++kx) {
-          const int32_t j = col - kx; /* the output column whose tap (ky, kx) this is */
-          if (j >= 0 && j < n) {
-            if (kx == 0 && ky == 0) {
-              acc[j] = vmulq_n_s32(x, w[3 * ky + kx]);
-            } else {
-              acc[j] = vmlaq_n_s32(acc[j], x, w[3 * ky + kx]);
-            }
-            /* Keeps each sum in its register: GCC 12 otherwise reassociates the adds, keeps
-             * the products alive meanwhile and spills them. */
-            __asm__("" : "+w"(acc[j]));
-          }
-        }
-      }
-    }
-#pragma GCC unroll 3
-    for (int32_t j = 0; j < n; ++j) {
-      vstrwq_s32(s + (j - 1) * DK_DWM_COLUMN, acc[j]);
-    }
-  }
-}
+/* The sums of `groups` groups of four rows of 3 (dk_dwm_columns3) or 2 (dk_dwm_columns2)
+ * adjacent output columns of one channel: init + sum of x w over the padded window. `p` is the
+ * first column's buffer column, `s` its sums (the next columns' DK_DWM_COLUMN words on), `w`
+ * the channel's weights (tap ky * 3 + kx). Each buffer column's three loads serve the up to
+ * three output columns that read it: per group of four rows, 15 loads, 27 multiplies and 3
+ * stores for 3 columns (12, 18 and 2 for 2), the first multiply of a column a VMLAS that adds
+ * init. In assembly: GCC 12 spills the weights from the core registers and moves the sums
+ * between vector registers. The loads' immediate offsets reach +-127 bytes: from the middle
+ * column (2 on). */
+#define DK_DWM_ASM_OPERANDS                                                                    \
+  : [p] "+r"(p), [s] "+r"(s), [n] "+r"(groups)                                                 \
+  : [w0] "r"(w[0]), [init] "r"(init), [w1] "r"(w[1]), [w2] "r"(w[2]), [w3] "r"(w[3]),         \
+    [w4] "r"(w[4]), [w5] "r"(w[5]), [w6] "r"(w[6]), [w7] "r"(w[7]), [w8] "r"(w[8])            \
+  : "q0", "q1", "q2", "q3", "q4", "q5", "q6", "memory", "cc"
 
-/* dk_dwm_columns for 3 and 2 columns in assembly: GCC 12 keeps the nine weights in core
- * registers only when it has to (otherwise it spills and reloads them, and moves the sums
- * between vector registers). `p` is the middle of the columns read (loads at -64..+64), `s` the
- * first column's sums (the others DK_DWM_COLUMN words on). Per group of four rows: 15 loads,
- * 27 multiplies (3 columns), 3 stores; 12, 18 and 2 for 2 columns. */
-#define DK_DWM_W "%[w0]", "%[w1]", "%[w2]", "%[w3]", "%[w4]", "%[w5]", "%[w6]", "%[w7]", "%[w8]"
-#define DK_DWM_ASM_OPERANDS                                                                     \
-  : [p] "+r"(p), [s] "+r"(s), [n] "+r"(groups)                                                  \
-  : [w0] "r"(w[0]), [w1] "r"(w[1]), [w2] "r"(w[2]), [w3] "r"(w[3]), [w4] "r"(w[4]),           \
-    [w5] "r"(w[5]), [w6] "r"(w[6]), [w7] "r"(w[7]), [w8] "r"(w[8])                            \
-  : "q0", "q1", "q2", "q3", "q4", "q5", "memory", "cc"
-
-static __attribute__((noinline)) void dk_dwm_columns3(const int8_t *p, int32_t *s, const int32_t *w, int32_t groups) {
+static __attribute__((noinline)) void dk_dwm_columns3(const int8_t *p, int32_t *s,
+                                                       const int32_t *w, int32_t groups,
+                                                       const int32_t init) {
   p += 2 * DK_DWM_COLUMN;
   __asm__ volatile(
+      "vdup.32 q6, %[w0]\n"
       "1:\n"
-      "vldrb.s32 q3, [%[p], #-64]\n"
-      "vldrb.s32 q4, [%[p], #-63]\n"
-      "vmul.i32 q0, q3, %[w0]\n"
-      "vldrb.s32 q5, [%[p], #-62]\n"
-      "vmla.s32 q0, q4, %[w3]\n"
-      "vldrb.s32 q3, [%[p], #-32]\n"
-      "vmla.s32 q0, q5, %[w6]\n"
-      "vldrb.s32 q4, [%[p], #-31]\n"
-      "vmul.i32 q1, q3, %[w0]\n"
-      "vmla.s32 q0, q3, %[w1]\n"
-      "vldrb.s32 q5, [%[p], #-30]\n"
-      "vmla.s32 q1, q4, %[w3]\n"
-      "vmla.s32 q0, q4, %[w4]\n"
-      "vldrb.s32 q3, [%[p], #0]\n"
-      "vmla.s32 q1, q5, %[w6]\n"
-      "vmla.s32 q0, q5, %[w7]\n"
+      "vldrb.s32 q0, [%[p], #-64]\n"
+      "vmlas.s32 q0, q6, %[init]\n"
+      "vldrb.s32 q3, [%[p], #-63]\n"
+      "vmla.s32 q0, q3, %[w3]\n"
+      "vldrb.s32 q4, [%[p], #-62]\n"
+      "vmla.s32 q0, q4, %[w6]\n"
+      "vldrb.s32 q1, [%[p], #-32]\n"
+      "vmla.s32 q0, q1, %[w1]\n"
+      "vmlas.s32 q1, q6, %[init]\n"
+      "vldrb.s32 q5, [%[p], #-31]\n"
+      "vmla.s32 q1, q5, %[w3]\n"
+      "vmla.s32 q0, q5, %[w4]\n"
+      "vldrb.s32 q3, [%[p], #-30]\n"
+      "vmla.s32 q1, q3, %[w6]\n"
+      "vmla.s32 q0, q3, %[w7]\n"
+      "vldrb.s32 q2, [%[p], #0]\n"
+      "vmla.s32 q1, q2, %[w1]\n"
+      "vmla.s32 q0, q2, %[w2]\n"
+      "vmlas.s32 q2, q6, %[init]\n"
       "vldrb.s32 q4, [%[p], #1]\n"
-      "vmul.i32 q2, q3, %[w0]\n"
-      "vmla.s32 q1, q3, %[w1]\n"
-      "vmla.s32 q0, q3, %[w2]\n"
-      "vldrb.s32 q5, [%[p], #2]\n"
       "vmla.s32 q2, q4, %[w3]\n"
       "vmla.s32 q1, q4, %[w4]\n"
       "vmla.s32 q0, q4, %[w5]\n"
-      "vldrb.s32 q3, [%[p], #32]\n"
+      "vldrb.s32 q5, [%[p], #2]\n"
       "vmla.s32 q2, q5, %[w6]\n"
       "vmla.s32 q1, q5, %[w7]\n"
       "vmla.s32 q0, q5, %[w8]\n"
-      "vldrb.s32 q4, [%[p], #33]\n"
+      "vldrb.s32 q3, [%[p], #32]\n"
       "vmla.s32 q2, q3, %[w1]\n"
       "vmla.s32 q1, q3, %[w2]\n"
-      "vldrb.s32 q5, [%[p], #34]\n"
+      "vldrb.s32 q4, [%[p], #33]\n"
       "vmla.s32 q2, q4, %[w4]\n"
       "vmla.s32 q1, q4, %[w5]\n"
-      "vldrb.s32 q3, [%[p], #64]\n"
+      "vldrb.s32 q5, [%[p], #34]\n"
       "vmla.s32 q2, q5, %[w7]\n"
       "vmla.s32 q1, q5, %[w8]\n"
-      "vldrb.s32 q4, [%[p], #65]\n"
+      "vldrb.s32 q3, [%[p], #64]\n"
       "vmla.s32 q2, q3, %[w2]\n"
-      "vldrb.s32 q5, [%[p], #66]\n"
+      "vldrb.s32 q4, [%[p], #65]\n"
       "vmla.s32 q2, q4, %[w5]\n"
-      "vstrw.32 q1, [%[s], #128]\n"
+      "vldrb.s32 q5, [%[p], #66]\n"
       "vmla.s32 q2, q5, %[w8]\n"
       "adds %[p], #4\n"
       "vstrw.32 q2, [%[s], #256]\n"
+      "vstrw.32 q1, [%[s], #128]\n"
       "subs %[n], #1\n"
       "vstrw.32 q0, [%[s]], #16\n"
       "bne 1b\n" DK_DWM_ASM_OPERANDS);
 }
 
-static __attribute__((noinline)) void dk_dwm_columns2(const int8_t *p, int32_t *s, const int32_t *w, int32_t groups) {
+static __attribute__((noinline)) void dk_dwm_columns2(const int8_t *p, int32_t *s,
+                                                       const int32_t *w, int32_t groups,
+                                                       const int32_t init) {
   p += 2 * DK_DWM_COLUMN;
   __asm__ volatile(
+      "vdup.32 q6, %[w0]\n"
       "1:\n"
-      "vldrb.s32 q3, [%[p], #-64]\n"
-      "vldrb.s32 q4, [%[p], #-63]\n"
-      "vmul.i32 q0, q3, %[w0]\n"
-      "vldrb.s32 q5, [%[p], #-62]\n"
-      "vmla.s32 q0, q4, %[w3]\n"
-      "vldrb.s32 q3, [%[p], #-32]\n"
-      "vmla.s32 q0, q5, %[w6]\n"
-      "vldrb.s32 q4, [%[p], #-31]\n"
-      "vmul.i32 q1, q3, %[w0]\n"
-      "vmla.s32 q0, q3, %[w1]\n"
-      "vldrb.s32 q5, [%[p], #-30]\n"
-      "vmla.s32 q1, q4, %[w3]\n"
-      "vmla.s32 q0, q4, %[w4]\n"
-      "vldrb.s32 q3, [%[p], #0]\n"
-      "vmla.s32 q1, q5, %[w6]\n"
-      "vmla.s32 q0, q5, %[w7]\n"
-      "vldrb.s32 q4, [%[p], #1]\n"
-      "vmla.s32 q1, q3, %[w1]\n"
-      "vmla.s32 q0, q3, %[w2]\n"
-      "vldrb.s32 q5, [%[p], #2]\n"
-      "vmla.s32 q1, q4, %[w4]\n"
-      "vmla.s32 q0, q4, %[w5]\n"
-      "vldrb.s32 q3, [%[p], #32]\n"
-      "vmla.s32 q1, q5, %[w7]\n"
-      "vmla.s32 q0, q5, %[w8]\n"
-      "vldrb.s32 q4, [%[p], #33]\n"
-      "vmla.s32 q1, q3, %[w2]\n"
-      "vldrb.s32 q5, [%[p], #34]\n"
-      "vmla.s32 q1, q4, %[w5]\n"
+      "vldrb.s32 q0, [%[p], #-64]\n"
+      "vmlas.s32 q0, q6, %[init]\n"
+      "vldrb.s32 q3, [%[p], #-63]\n"
+      "vmla.s32 q0, q3, %[w3]\n"
+      "vldrb.s32 q4, [%[p], #-62]\n"
+      "vmla.s32 q0, q4, %[w6]\n"
+      "vldrb.s32 q1, [%[p], #-32]\n"
+      "vmla.s32 q0, q1, %[w1]\n"
+      "vmlas.s32 q1, q6, %[init]\n"
+      "vldrb.s32 q5, [%[p], #-31]\n"
+      "vmla.s32 q1, q5, %[w3]\n"
+      "vmla.s32 q0, q5, %[w4]\n"
+      "vldrb.s32 q3, [%[p], #-30]\n"
+      "vmla.s32 q1, q3, %[w6]\n"
+      "vmla.s32 q0, q3, %[w7]\n"
+      "vldrb.s32 q4, [%[p], #0]\n"
+      "vmla.s32 q1, q4, %[w1]\n"
+      "vmla.s32 q0, q4, %[w2]\n"
+      "vldrb.s32 q5, [%[p], #1]\n"
+      "vmla.s32 q1, q5, %[w4]\n"
+      "vmla.s32 q0, q5, %[w5]\n"
+      "vldrb.s32 q3, [%[p], #2]\n"
+      "vmla.s32 q1, q3, %[w7]\n"
+      "vmla.s32 q0, q3, %[w8]\n"
+      "vldrb.s32 q4, [%[p], #32]\n"
+      "vmla.s32 q1, q4, %[w2]\n"
+      "vldrb.s32 q5, [%[p], #33]\n"
+      "vmla.s32 q1, q5, %[w5]\n"
+      "vldrb.s32 q3, [%[p], #34]\n"
+      "vmla.s32 q1, q3, %[w8]\n"
       "adds %[p], #4\n"
-      "vmla.s32 q1, q5, %[w8]\n"
-      "subs %[n], #1\n"
       "vstrw.32 q1, [%[s], #128]\n"
+      "subs %[n], #1\n"
       "vstrw.32 q0, [%[s]], #16\n"
       "bne 1b\n" DK_DWM_ASM_OPERANDS);
 }
 
-/* The outputs of one column's `groups` groups of four rows from their sums plus `init`:
- * arm_requantize_mve with the channel's multiplier and shift, the output offset, the clamp,
- * and a scatter to four output rows, the last group's predicated on `tail`. Fast (the shift a
- * right shift, as in most layers): its left shift of 0 left out, and its rounding fixup (the
- * remainder of a negative value, (v & -exponent) >> 31) is v >> 31. */
+/* An output vector from its sum: arm_requantize_mve with the channel's multiplier and shift,
+ * the output offset and the clamp. Fast (the shift a right shift, as in most layers): its left
+ * shift of 0 left out, and its rounding fixup (the remainder of a negative value,
+ * (v & -exponent) >> 31) is v >> 31. */
+static inline __attribute__((always_inline)) int32x4_t dk_dwm_requantize(
+    int32x4_t v, const int32_t mult, const int32_t shift, const int32_t output_offset,
+    const int32x4_t lo, const int32x4_t hi, const int fast) {
+  if (fast) {
+    v = vqrdmulhq_n_s32(v, mult);
+    v = vrshlq_n_s32(vqaddq_s32(v, vshrq_n_s32(v, 31)), shift);
+  } else {
+    v = arm_requantize_mve(v, mult, shift);
+  }
+  return vminq_s32(vmaxq_s32(vaddq_n_s32(v, output_offset), lo), hi);
+}
+
+/* The outputs of the channel's columns from their sums, each column's `groups` groups of four
+ * rows scattered to four output rows, its last group's predicated on `tail`. */
 static inline __attribute__((always_inline)) void dk_dwm_outputs(
-    const int32_t *sums, int8_t *o, int32_t n, const mve_pred16_t tail, const int32_t init,
-    const int32_t mult, const int32_t shift, const uint32x4_t out_rows, const int32_t out_step,
-    const int32_t output_offset, const int32x4_t lo, const int32x4_t hi, const int fast) {
-  for (; n > 0; --n, sums += 4, o += out_step) {
-    int32x4_t v = vaddq_n_s32(vldrwq_s32(sums), init);
-    if (fast) {
-      v = vqrdmulhq_n_s32(v, mult);
-      v = vrshlq_n_s32(vqaddq_s32(v, vshrq_n_s32(v, 31)), shift);
-    } else {
-      v = arm_requantize_mve(v, mult, shift);
+    const int32_t *sums, int8_t *out, const int32_t channels, const int32_t out_w,
+    const int32_t groups, const mve_pred16_t tail, const int32_t mult, const int32_t shift,
+    const uint32x4_t out_rows, const int32_t out_step, const int32_t output_offset,
+    const int32x4_t lo, const int32x4_t hi, const int fast) {
+  for (int32_t x = 0; x < out_w; ++x, out += channels, sums += DK_DWM_COLUMN) {
+    const int32_t *v = sums;
+    int8_t *o = out;
+    for (int32_t n = groups - 1; n > 0; --n, v += 4, o += out_step) {
+      vstrbq_scatter_offset_s32(o, out_rows, dk_dwm_requantize(vldrwq_s32(v), mult, shift,
+                                                               output_offset, lo, hi, fast));
     }
-    v = vminq_s32(vmaxq_s32(vaddq_n_s32(v, output_offset), lo), hi);
-    if (n > 1) {
-      vstrbq_scatter_offset_s32(o, out_rows, v);
-    } else {
-      vstrbq_scatter_offset_p_s32(o, out_rows, v, tail);
-    }
+    vstrbq_scatter_offset_p_s32(
+        o, out_rows, dk_dwm_requantize(vldrwq_s32(v), mult, shift, output_offset, lo, hi, fast),
+        tail);
   }
 }
 
@@ -255,25 +238,21 @@ static __attribute__((noinline)) void dk_dwm_channel(const dk_dwm_layer_t *l, co
    * padding's x is -input_offset, so this is bias + sum of (x + input_offset) w over the taps
    * on the map, CMSIS-NN's sum. */
   const int32_t init = (int32_t)((uint32_t)bias + (uint32_t)l->input_offset * (uint32_t)sum_w);
-  /* Columns 3 at a time, the last 2 or 4 two at a time; a map one column wide in C. */
+  /* Columns 3 at a time, the last 2 or 4 two at a time (a map one column wide: 2, the second
+   * one's sums, from the buffer's padding or its next plane, unused). */
   int32_t x = 0;
   for (; out_w - x >= 5 || out_w - x == 3; x += 3) {
-    dk_dwm_columns3(buf + x * DK_DWM_COLUMN, sums + x * DK_DWM_COLUMN, w, groups);
+    dk_dwm_columns3(buf + x * DK_DWM_COLUMN, sums + x * DK_DWM_COLUMN, w, groups, init);
   }
-  for (; out_w - x >= 2; x += 2) {
-    dk_dwm_columns2(buf + x * DK_DWM_COLUMN, sums + x * DK_DWM_COLUMN, w, groups);
+  for (; x < out_w; x += 2) {
+    dk_dwm_columns2(buf + x * DK_DWM_COLUMN, sums + x * DK_DWM_COLUMN, w, groups, init);
   }
-  if (x < out_w) {
-    dk_dwm_columns(buf + x * DK_DWM_COLUMN, sums + x * DK_DWM_COLUMN, w, groups, 1);
-  }
-  for (x = 0; x < out_w; ++x, out += C, sums += DK_DWM_COLUMN) {
-    if (shift < 0) {
-      dk_dwm_outputs(sums, out, groups, l->tail, init, mult, shift, l->out_rows, l->out_step,
-                     l->output_offset, l->lo, l->hi, 1);
-    } else {
-      dk_dwm_outputs(sums, out, groups, l->tail, init, mult, shift, l->out_rows, l->out_step,
-                     l->output_offset, l->lo, l->hi, 0);
-    }
+  if (shift < 0) {
+    dk_dwm_outputs(sums, out, C, out_w, groups, l->tail, mult, shift, l->out_rows, l->out_step,
+                   l->output_offset, l->lo, l->hi, 1);
+  } else {
+    dk_dwm_outputs(sums, out, C, out_w, groups, l->tail, mult, shift, l->out_rows, l->out_step,
+                   l->output_offset, l->lo, l->hi, 0);
   }
 }
 

@@ -19,18 +19,19 @@ extern "C" {
 #if defined(ARM_MATH_MVEI)
 #define DK_DEPTHWISE_3X3_MVE 1
 
-/* 1 when dk_depthwise_conv_3x3_mve_s8 runs this layer: batch 1, channel multiplier 1, a 3x3
- * filter, dilation 1, stride 1, padding 0 or 1 on each axis, and a padded input map of at most
- * 32 rows by 16 columns (its buffer: one channel of the padded map, 512 B): DS-CNN's 25x5
- * maps, keyword-spotting shapes. Any number of channels. readers/cmsis_nn_kernels.py mirrors
- * it (dk_mve_3x3_applies). */
+/* 1 when dk_depthwise_conv_3x3_mve_s8 runs this layer: batch 1, channel multiplier 1, a
+ * multiple of 4 channels, a 3x3 filter, dilation 1, stride 1, padding 0 or 1 on each axis, and
+ * a padded input map of at most 32 rows by 9 columns (output rows of up to 7 pixels): DS-CNN's
+ * 25x5 maps, keyword-spotting shapes. readers/cmsis_nn_kernels.py mirrors it
+ * (dk_mve_3x3_applies). */
 int dk_depthwise_conv_3x3_mve_s8_applies(const cmsis_nn_dw_conv_params *dw_conv_params,
                                          const cmsis_nn_dims *input_dims,
                                          const cmsis_nn_dims *filter_dims,
                                          const cmsis_nn_dims *output_dims);
 
 /* arm_depthwise_conv_wrapper_s8's results for a layer in that domain, output_data ==
- * input_data allowed. Its buffer is on the stack. bias_data may be NULL. */
+ * input_data allowed, in one call. Its buffer (four channels of the padded map, 1.1 KB) and a
+ * channel's sums (0.9 KB) are on the stack. bias_data may be NULL. */
 void dk_depthwise_conv_3x3_mve_s8(const cmsis_nn_dw_conv_params *dw_conv_params,
                                   const cmsis_nn_per_channel_quant_params *quant_params,
                                   const cmsis_nn_dims *input_dims, const int8_t *input_data,
