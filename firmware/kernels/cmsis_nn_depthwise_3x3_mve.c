@@ -289,13 +289,17 @@ static __attribute__((noinline)) void dk_dwm_fill(const int8_t *in, int8_t *inte
   }
 }
 
-void dk_depthwise_conv_3x3_mve_s8(const cmsis_nn_dw_conv_params *dw_conv_params,
-                                  const cmsis_nn_per_channel_quant_params *quant_params,
-                                  const cmsis_nn_dims *input_dims, const int8_t *input_data,
-                                  const int8_t *filter_data, const int32_t *bias_data,
-                                  const cmsis_nn_dims *output_dims, int8_t *output_data) {
-  int8_t buf[DK_DWM_BUF_BYTES] __attribute__((aligned(4)));
-  int32_t sums[DK_DWM_SUMS] __attribute__((aligned(8)));
+/* The sums, then the buffer: the scratch the layer takes. */
+#define DK_DWM_SCRATCH_BYTES (DK_DWM_SUMS * 4 + DK_DWM_BUF_BYTES)
+
+/* The layer with `scratch` (DK_DWM_SCRATCH_BYTES, 4-byte aligned) for its sums and buffer. */
+static __attribute__((noinline)) void dk_dwm_run(
+    const cmsis_nn_dw_conv_params *dw_conv_params,
+    const cmsis_nn_per_channel_quant_params *quant_params, const cmsis_nn_dims *input_dims,
+    const int8_t *input_data, const int8_t *filter_data, const int32_t *bias_data,
+    const cmsis_nn_dims *output_dims, int8_t *output_data, int32_t *scratch) {
+  int32_t *const sums = scratch;
+  int8_t *const buf = (int8_t *)(scratch + DK_DWM_SUMS);
   const int32_t C = input_dims->c, H = input_dims->h, W = input_dims->w;
   const int32_t pad_top = dw_conv_params->padding.h, pad_left = dw_conv_params->padding.w;
   const int32_t in_row = W * C;
@@ -315,7 +319,7 @@ void dk_depthwise_conv_3x3_mve_s8(const cmsis_nn_dw_conv_params *dw_conv_params,
   l.tail = vctp32q((uint32_t)(l.out_h - 4 * (l.groups - 1)));
 
   /* The padding, kept: each block writes only the map's own rows and columns. */
-  memset(buf, (int8_t)-l.input_offset, sizeof(buf));
+  memset(buf, (int8_t)-l.input_offset, DK_DWM_BUF_BYTES);
   for (int32_t g = 0; g < C; g += DK_DWM_BLOCK) {
     dk_dwm_fill(input_data + g, buf + pad_left * DK_DWM_COLUMN + pad_top, C, H, W, in_rows,
                 4 * in_row);
@@ -325,6 +329,33 @@ void dk_depthwise_conv_3x3_mve_s8(const cmsis_nn_dw_conv_params *dw_conv_params,
                      bias_data != NULL ? bias_data[c] : 0, quant_params->multiplier[c],
                      quant_params->shift[c], sums);
     }
+  }
+}
+
+/* The layer with its scratch on the stack. */
+static __attribute__((noinline)) void dk_dwm_run_on_stack(
+    const cmsis_nn_dw_conv_params *dw_conv_params,
+    const cmsis_nn_per_channel_quant_params *quant_params, const cmsis_nn_dims *input_dims,
+    const int8_t *input_data, const int8_t *filter_data, const int32_t *bias_data,
+    const cmsis_nn_dims *output_dims, int8_t *output_data) {
+  int32_t scratch[DK_DWM_SCRATCH_BYTES / 4] __attribute__((aligned(8)));
+  dk_dwm_run(dw_conv_params, quant_params, input_dims, input_data, filter_data, bias_data,
+             output_dims, output_data, scratch);
+}
+
+void dk_depthwise_conv_3x3_mve_s8(const cmsis_nn_context *ctx,
+                                  const cmsis_nn_dw_conv_params *dw_conv_params,
+                                  const cmsis_nn_per_channel_quant_params *quant_params,
+                                  const cmsis_nn_dims *input_dims, const int8_t *input_data,
+                                  const int8_t *filter_data, const int32_t *bias_data,
+                                  const cmsis_nn_dims *output_dims, int8_t *output_data) {
+  if (ctx != NULL && ctx->buf != NULL && ctx->size >= DK_DWM_SCRATCH_BYTES &&
+      ((uintptr_t)ctx->buf & 3u) == 0) {
+    dk_dwm_run(dw_conv_params, quant_params, input_dims, input_data, filter_data, bias_data,
+               output_dims, output_data, (int32_t *)ctx->buf);
+  } else {
+    dk_dwm_run_on_stack(dw_conv_params, quant_params, input_dims, input_data, filter_data,
+                        bias_data, output_dims, output_data);
   }
 }
 

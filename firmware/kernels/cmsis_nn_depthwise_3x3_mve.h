@@ -30,9 +30,11 @@ int dk_depthwise_conv_3x3_mve_s8_applies(const cmsis_nn_dw_conv_params *dw_conv_
                                          const cmsis_nn_dims *output_dims);
 
 /* arm_depthwise_conv_wrapper_s8's results for a layer in that domain, output_data ==
- * input_data allowed, in one call. Its buffer (four channels of the padded map, 1.1 KB) and a
- * channel's sums (0.9 KB) are on the stack. bias_data may be NULL. */
-void dk_depthwise_conv_3x3_mve_s8(const cmsis_nn_dw_conv_params *dw_conv_params,
+ * input_data allowed, in one call. Its scratch (a channel's sums, 0.9 KB, and four channels of
+ * the padded map, 1.1 KB) is ctx's buffer when that is large enough (an in-place layer's ring),
+ * else on the stack. bias_data may be NULL. */
+void dk_depthwise_conv_3x3_mve_s8(const cmsis_nn_context *ctx,
+                                  const cmsis_nn_dw_conv_params *dw_conv_params,
                                   const cmsis_nn_per_channel_quant_params *quant_params,
                                   const cmsis_nn_dims *input_dims, const int8_t *input_data,
                                   const int8_t *filter_data, const int32_t *bias_data,

@@ -259,11 +259,10 @@ arm_cmsis_nn_status dk_depthwise_conv_wrapper_s8(
   }
 #endif
 #if DK_DEPTHWISE_3X3_MVE
-  /* With MVE, the same for deploykit's MVE kernel (cmsis_nn_depthwise_3x3_mve.c), its buffer
-   * on the stack. */
+  /* With MVE, the same for deploykit's MVE kernel (cmsis_nn_depthwise_3x3_mve.c). */
   if (dk_depthwise_conv_3x3_mve_s8_applies(dw_conv_params, input_dims, filter_dims,
                                            output_dims)) {
-    dk_depthwise_conv_3x3_mve_s8(dw_conv_params, quant_params, input_dims, input_data,
+    dk_depthwise_conv_3x3_mve_s8(ctx, dw_conv_params, quant_params, input_dims, input_data,
                                  filter_data, bias_data, output_dims, output_data);
     return ARM_CMSIS_NN_SUCCESS;
   }
