@@ -408,6 +408,7 @@ function(dk_executorch_link target)
     # the kernels call instead of CMSIS-NN's (dk_cmsis_nn_checked.h renames the calls).
     list(APPEND _dk_status_c ${_DK_ET_CMAKE_DIR}/../firmware/kernels/cmsis_nn_in_place.c
                              ${_DK_ET_CMAKE_DIR}/../firmware/kernels/cmsis_nn_depthwise_3x3_dsp.c
+                             ${_DK_ET_CMAKE_DIR}/../firmware/kernels/cmsis_nn_depthwise_3x3_mve.c
                              ${_DK_ET_CMAKE_DIR}/../firmware/kernels/cmsis_nn_softmax.c
                              ${_DK_ET_CMAKE_DIR}/../firmware/kernels/cmsis_nn_add.c)
   endif()

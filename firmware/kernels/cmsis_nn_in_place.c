@@ -16,6 +16,7 @@
 
 #include "arm_nnsupportfunctions.h" /* arm_memcpy_s8: vector copies on MVE, memcpy elsewhere */
 #include "cmsis_nn_depthwise_3x3_dsp.h"
+#include "cmsis_nn_depthwise_3x3_mve.h"
 
 /* 0: the program has no convolution in place (deploykit sets it from the .pte), and an in-place
  * call is refused (ARM_CMSIS_NN_ARG_ERROR, in the execute_error record) rather than run. */
@@ -253,6 +254,15 @@ arm_cmsis_nn_status dk_depthwise_conv_wrapper_s8(
   if (dk_depthwise_conv_3x3_dsp_s8_applies(dw_conv_params, input_dims, filter_dims,
                                            output_dims)) {
     dk_depthwise_conv_3x3_dsp_s8(ctx, dw_conv_params, quant_params, input_dims, input_data,
+                                 filter_data, bias_data, output_dims, output_data);
+    return ARM_CMSIS_NN_SUCCESS;
+  }
+#endif
+#if DK_DEPTHWISE_3X3_MVE
+  /* With MVE, the same for deploykit's MVE kernel (cmsis_nn_depthwise_3x3_mve.c). */
+  if (dk_depthwise_conv_3x3_mve_s8_applies(dw_conv_params, input_dims, filter_dims,
+                                           output_dims)) {
+    dk_depthwise_conv_3x3_mve_s8(ctx, dw_conv_params, quant_params, input_dims, input_data,
                                  filter_data, bias_data, output_dims, output_data);
     return ARM_CMSIS_NN_SUCCESS;
   }

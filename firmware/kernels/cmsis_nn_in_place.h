@@ -13,8 +13,9 @@
  * The checked CMSIS-NN calls (firmware/runner/kernel_status.c) call these in place of CMSIS-NN's
  * wrappers, with the same arguments: the wrapper itself, once, when output and input differ
  * (one call site of the wrapper, so LTO compiles the kernels as it does without this file);
- * the bands when output_data == input_data (on a DSP core without MVE, a 3x3 depthwise layer in
- * dk_depthwise_conv_3x3_dsp_s8's domain runs that kernel once instead, in place or not).
+ * the bands when output_data == input_data (a 3x3 depthwise layer in the domain of
+ * dk_depthwise_conv_3x3_dsp_s8, on a DSP core without MVE, or of dk_depthwise_conv_3x3_mve_s8,
+ * on an MVE core, runs that kernel once instead, in place or not).
  * ARM_CMSIS_NN_ARG_ERROR when an in-place layer is
  * not one this runs (a stride down the rows, another output shape, a scratch with no room for
  * a band of one row).

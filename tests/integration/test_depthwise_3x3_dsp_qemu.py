@@ -1,19 +1,23 @@
 """The int8 3x3 depthwise convolutions on both QEMU boards against the host's integer
 reference, bit for bit.
 
-On the M33 (qemu-an505: DSP, no MVE) the depthwise layers in its domain run deploykit's own
-kernel (firmware/kernels/cmsis_nn_depthwise_3x3_dsp.c, from dk_depthwise_conv_wrapper_s8 in
-cmsis_nn_in_place.c), in place or not; on the M55 (qemu-an547), and for the layers outside it,
-CMSIS-NN's kernels; the host's reference runs CMSIS-NN's own C code. The model covers 4, 12 and
-64 channels in the domain (stride 1, padding 0, 1 and (1, 0); maps of 38 and 40 rows, which
-go in two strips of rows through the kernel's buffer; a 64-channel 40x7 layer whose input dies
-there, so the export writes it over its input: one call, in two strips), and layers that stay
-CMSIS-NN's: strides of 2, 13 channels (not a multiple of 4), a 5x5 and a dilated 3x3. DS-CNN's
-25x5 maps run in tests/integration/test_mlperf_tiny.py; test_depthwise_3x3_dsp_host.py compares
-the kernel with CMSIS-NN on thousands of random layers under qemu-arm.
+On the M33 (qemu-an505: DSP, no MVE) the depthwise layers in its domain run deploykit's DSP
+kernel (firmware/kernels/cmsis_nn_depthwise_3x3_dsp.c), on the M55 (qemu-an547) those in its
+domain its MVE kernel (cmsis_nn_depthwise_3x3_mve.c), both from dk_depthwise_conv_wrapper_s8 in
+cmsis_nn_in_place.c, in place or not; the layers outside them run CMSIS-NN's kernels; the
+host's reference runs CMSIS-NN's own C code. The first model covers 4, 12 and 64 channels in the
+domains (stride 1, padding 0, 1 and (1, 0); maps of 38 and 40 rows, which go in two strips of
+rows through the DSP kernel's buffer and are too tall for the MVE kernel's; a 64-channel 40x7
+layer whose input dies there, so the export writes it over its input: one call, in two strips,
+on the M33, CMSIS-NN's kernel in bands on the M55), and layers that stay CMSIS-NN's: strides of
+2, 13 channels (not a multiple of 4), a 5x5 and a dilated 3x3. The second covers the MVE
+kernel's edges: 30 rows with padding (32, its buffer's columns), output rows of 1 and 3 pixels,
+and a 64-channel layer written over its input in one call. DS-CNN's 25x5 maps run in
+tests/integration/test_mlperf_tiny.py; test_depthwise_3x3_dsp_host.py compares the DSP kernel
+with CMSIS-NN on thousands of random layers under qemu-arm.
 
 Needs the ExecuTorch sources (`deploykit setup`); CI has no GitHub, so these skip there with
-the reason. About a minute per board on 2 cores with the runtime in the cache.
+the reason. About a minute per board and model on 2 cores with the runtime in the cache.
 """
 
 from __future__ import annotations
@@ -79,6 +83,46 @@ DEPTHWISE_LAYERS = textwrap.dedent("""
         return [(torch.randn(1, 4, 40, 7, generator=g),) for _ in range(8)]
 """)
 
+# The MVE kernel's edges (all in the DSP kernel's domain too).
+DEPTHWISE_EDGES = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    def dw(c, k=3, **kwargs):
+        return nn.Conv2d(c, c, k, groups=c, **kwargs)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(3)
+            self.dw4_p1 = dw(4, padding=1)
+            self.dw4_p10 = dw(4, padding=(1, 0))
+            self.pw12 = nn.Conv2d(4, 12, 1)
+            self.dw12_p0 = dw(12)
+            self.pw64 = nn.Conv2d(4, 64, 1)
+            self.dw64_p1 = dw(64, padding=1)
+            self.pw4 = nn.Conv2d(64, 4, 1)
+
+        def forward(self, x):                             # 4 x 30 x 3
+            a = self.dw4_p1(x)                            # 4 x 30 x 3: 32 padded rows
+            b = self.dw4_p10(x)                           # 4 x 30 x 1: rows of 1 pixel
+            e = torch.relu(self.pw12(x))                  # 12 x 30 x 3
+            e = self.dw12_p0(e)                           # 12 x 28 x 1: padding 0
+            z = torch.relu(self.pw64(x))                  # 64 x 30 x 3: the largest map
+            z = torch.relu(self.dw64_p1(z))               # its input dies: written over it
+            return a, b, e, self.pw4(z)
+
+    def model():
+        return Net().eval()
+
+    def example_inputs():
+        return (torch.randn(1, 4, 30, 3, generator=torch.Generator().manual_seed(4)),)
+
+    def calibration_inputs():
+        g = torch.Generator().manual_seed(5)
+        return [(torch.randn(1, 4, 30, 3, generator=g),) for _ in range(8)]
+""")
+
 DEPTHWISE = "cortex_m::quantized_depthwise_conv2d.out"
 
 
@@ -94,11 +138,34 @@ def test_int8_depthwise_3x3_runs_bit_exact(tmp_path_factory, board):
     assert not [o for o in ops if not o.startswith("cortex_m::")], ops  # nothing in float
     in_place = [entry["op"] for entry in exported["cortex_m_target"]["in_place"]]
     assert DEPTHWISE in in_place, in_place  # dw64_p1, over its input
-    # deploykit's kernel (its dk_dw3_run) is in the M33's image, with CMSIS-NN's for the other
-    # layers; not in the M55's.
+    # deploykit's DSP kernel (its dk_dw3_run) is in the M33's image, its MVE kernel (its
+    # dk_dwm_channel) in the M55's, each with CMSIS-NN's for the other layers.
     from elftools.elf.elffile import ELFFile
 
     with open(out / "firmware" / "dk_runner.elf", "rb") as f:
         names = {s.name.split(".")[0]
                  for s in ELFFile(f).get_section_by_name(".symtab").iter_symbols()}
     assert ("dk_dw3_run" in names) == (board == "qemu-an505")
+    assert ("dk_dwm_channel" in names) == (board == "qemu-an547")
+
+
+def _symbols(elf: str) -> set[str]:
+    from elftools.elf.elffile import ELFFile
+
+    with open(elf, "rb") as f:
+        return {s.name for s in ELFFile(f).get_section_by_name(".symtab").iter_symbols()}
+
+
+@pytest.mark.parametrize("board", ["qemu-an505", "qemu-an547"])
+def test_int8_depthwise_3x3_edges_run_bit_exact(tmp_path_factory, board):
+    """All four layers in deploykit's kernel's domain: no CMSIS-NN depthwise kernel linked."""
+    path = tmp_path_factory.mktemp("depthwise_edges") / "depthwise_edges.py"
+    path.write_text(DEPTHWISE_EDGES)
+    out = tmp_path_factory.getbasetemp() / "depthwise_edges" / board
+    report, exported = run_strict_int8(board, str(path), out)
+    assert len(report.verdict.outputs) == 4
+    in_place = [entry["op"] for entry in exported["cortex_m_target"]["in_place"]]
+    assert DEPTHWISE in in_place, in_place  # dw64_p1, over its input
+    names = _symbols(str(out / "firmware" / "dk_runner.elf"))
+    assert ("dk_dwm_channel" in names) == (board == "qemu-an547")
+    assert not {n for n in names if n.startswith("arm_depthwise_conv")}, names

@@ -14,6 +14,7 @@ from deploykit.readers.cmsis_nn_kernels import (
     DEPTHWISE_KERNELS,
     DEPTHWISE_OP,
     DK_DSP_3X3,
+    DK_MVE_3X3,
     WRAPPER_ONLY,
     conv_kernel,
     definition_value,
@@ -41,7 +42,8 @@ def test_the_convolution_kernel_is_the_wrappers(case, input_sizes, weight, strid
 
 @pytest.mark.parametrize(("case", "input_sizes", "out_channels", "kernel_hw", "padding",
                           "dilation", "multiplier", "mve", "kernel"), [
-    ("3x3 on MVE", [1, 64, 25, 5], 64, (3, 3), [1, 1], [1, 1], 1, True, "opt"),
+    ("3x3 on MVE", [1, 64, 25, 5], 64, (3, 3), [1, 1], [1, 1], 1, True, DK_MVE_3X3),
+    ("3x3 on MVE, rows of 10", [1, 64, 25, 10], 64, (3, 3), [1, 1], [1, 1], 1, True, "opt"),
     ("3x3 on DSP", [1, 64, 25, 5], 64, (3, 3), [1, 1], [1, 1], 1, False, "3x3"),
     ("3x3, padding 2, on DSP", [1, 64, 25, 5], 64, (3, 3), [2, 2], [1, 1], 1, False, "opt"),
     ("5x5 on DSP", [1, 64, 25, 5], 64, (5, 5), [2, 2], [1, 1], 1, False, "opt"),
@@ -68,7 +70,7 @@ def test_the_depthwise_kernel_is_the_wrappers(case, input_sizes, out_channels, k
     ("13 channels", [1, 13, 25, 5], [1, 1], [1, 1], False, True, "3x3"),
     ("stride 2", [1, 64, 25, 5], [1, 1], [2, 2], False, True, "3x3"),
     ("no DSP (M0+, M23)", [1, 64, 25, 5], [1, 1], [1, 1], False, False, "3x3"),
-    ("MVE (M55)", [1, 64, 25, 5], [1, 1], [1, 1], True, True, "opt"),
+    ("MVE (M55)", [1, 64, 25, 5], [1, 1], [1, 1], True, True, DK_MVE_3X3),
 ])
 def test_deploykits_own_3x3_takes_the_dsp_layers_of_its_domain(case, input_sizes, padding,
                                                                 stride, mve, dsp, kernel):
@@ -77,6 +79,23 @@ def test_deploykits_own_3x3_takes_the_dsp_layers_of_its_domain(case, input_sizes
                             stride, dsp) == kernel, case
     assert definition_value({DK_DSP_3X3}, DEPTHWISE_KERNELS) == "none"
     assert definition_value({DK_DSP_3X3, "opt"}, DEPTHWISE_KERNELS) == "opt"
+
+
+@pytest.mark.parametrize(("case", "input_sizes", "padding", "stride", "kernel"), [
+    ("ds_cnn's 25x5", [1, 64, 25, 5], [1, 1], [1, 1], DK_MVE_3X3),
+    ("padding 0, 32 rows of 9", [1, 4, 32, 9], [0, 0], [1, 1], DK_MVE_3X3),
+    ("padding (1, 0)", [1, 12, 17, 9], [1, 0], [1, 1], DK_MVE_3X3),
+    ("33 padded rows", [1, 4, 31, 5], [1, 1], [1, 1], "opt"),
+    ("10 padded columns", [1, 4, 20, 8], [1, 1], [1, 1], "opt"),
+    ("13 channels", [1, 13, 25, 5], [1, 1], [1, 1], "opt"),
+    ("stride 2", [1, 64, 25, 5], [1, 1], [2, 2], "opt"),
+])
+def test_deploykits_own_3x3_takes_the_mve_layers_of_its_domain(case, input_sizes, padding,
+                                                                stride, kernel):
+    """The layers firmware/kernels/cmsis_nn_depthwise_3x3_mve.c runs link no CMSIS-NN kernel."""
+    assert depthwise_kernel(input_sizes, input_sizes[1], (3, 3), padding, [1, 1], 1, True,
+                            stride, True) == kernel, case
+    assert definition_value({DK_MVE_3X3}, DEPTHWISE_KERNELS) == "none"
 
 
 def test_the_definition_lists_kernels_in_the_firmwares_order():

@@ -33,6 +33,12 @@ DEPTHWISE_KERNELS = ("3x3", "opt", "generic")
 # depthwise kernel.
 DK_DSP_3X3 = "dk_dsp_3x3"
 DK_DSP_3X3_MAX_WIDTH = 7  # output pixels per row: the kernel's buffer holds 9 columns
+# The same on a core with MVE (firmware/kernels/cmsis_nn_depthwise_3x3_mve.c, whose
+# dk_depthwise_conv_3x3_mve_s8_applies dk_mve_3x3_applies mirrors): those layers link no
+# CMSIS-NN depthwise kernel either.
+DK_MVE_3X3 = "dk_mve_3x3"
+DK_MVE_3X3_MAX_ROWS = 32  # padded input rows: the kernel's buffer holds columns of 32 bytes
+DK_MVE_3X3_MAX_COLUMNS = 9  # padded input columns
 # A layer only CMSIS-NN's wrapper runs (MVE: one input channel to several output channels,
 # through a convolution private to the wrapper's file), or one whose arguments this reader does
 # not know: the program keeps the wrapper.
@@ -57,8 +63,12 @@ def depthwise_kernel(input_sizes: list[int], output_channels: int, kernel_hw: tu
                      padding: list[int], dilation: list[int], multiplier: int, mve: bool,
                      stride: list[int] | None = None, dsp: bool = False) -> str:
     """The kernel ``arm_depthwise_conv_wrapper_s8`` picks for a layer (input NCHW sizes), or
-    DK_DSP_3X3 for a layer that deploykit's own kernel runs (a core with `dsp` and no MVE)."""
+    DK_DSP_3X3 (a core with `dsp` and no MVE) or DK_MVE_3X3 (a core with MVE) for a layer that
+    deploykit's own kernel runs."""
     batch, channels = input_sizes[0], input_sizes[1]
+    if mve and dk_mve_3x3_applies(input_sizes, output_channels, kernel_hw, padding, dilation,
+                                  multiplier, stride or [1, 1]):
+        return DK_MVE_3X3
     if (dsp and not mve and dk_dsp_3x3_applies(input_sizes, output_channels, kernel_hw, padding,
                                                 dilation, multiplier, stride or [1, 1])):
         return DK_DSP_3X3
@@ -84,6 +94,22 @@ def dk_dsp_3x3_applies(input_sizes: list[int], output_channels: int,
             and channels % 4 == 0 and tuple(kernel_hw) == (3, 3) and list(dilation) == [1, 1]
             and list(stride) == [1, 1] and all(0 <= p <= 1 for p in padding)
             and out_h >= 1 and 1 <= out_w <= DK_DSP_3X3_MAX_WIDTH)
+
+
+def dk_mve_3x3_applies(input_sizes: list[int], output_channels: int,
+                       kernel_hw: tuple[int, int], padding: list[int], dilation: list[int],
+                       multiplier: int, stride: list[int]) -> bool:
+    """Whether dk_depthwise_conv_3x3_mve_s8 runs a layer: batch 1, channel multiplier 1, a
+    multiple of 4 channels, 3x3, stride and dilation 1, padding 0 or 1, a padded input map of
+    at most DK_MVE_3X3_MAX_ROWS x DK_MVE_3X3_MAX_COLUMNS."""
+    batch, channels, height, width = input_sizes
+    out_h, out_w = height + 2 * padding[0] - 2, width + 2 * padding[1] - 2
+    return (batch == 1 and multiplier == 1 and output_channels == channels and channels >= 4
+            and channels % 4 == 0 and tuple(kernel_hw) == (3, 3) and list(dilation) == [1, 1]
+            and list(stride) == [1, 1] and all(0 <= p <= 1 for p in padding)
+            and out_h >= 1 and out_w >= 1
+            and height + 2 * padding[0] <= DK_MVE_3X3_MAX_ROWS
+            and width + 2 * padding[1] <= DK_MVE_3X3_MAX_COLUMNS)
 
 
 def _ints(plan: Any, index: int) -> list[int]:
