@@ -32,9 +32,9 @@
  * tests/integration/test_depthwise_3x3_dsp_qemu.py runs layers inside and outside this domain
  * on qemu-an505 and qemu-an547 against the host's reference (CMSIS-NN's own C code).
  */
-#include "cmsis_nn_depthwise_3x3_dsp.h"
+#include "cmsis_nn_depthwise_3x3.h"
 
-#if DK_DEPTHWISE_3X3_DSP
+#if DK_DEPTHWISE_3X3 && !defined(ARM_MATH_MVEI) /* cmsis_nn_depthwise_3x3_mve.c with MVE */
 
 #include <arm_acle.h>
 #include <string.h>
@@ -197,7 +197,7 @@ static inline __attribute__((always_inline)) void dk_dw3_store(
   }
 }
 
-int dk_depthwise_conv_3x3_dsp_s8_applies(const cmsis_nn_dw_conv_params *dw_conv_params,
+int dk_depthwise_conv_3x3_s8_applies(const cmsis_nn_dw_conv_params *dw_conv_params,
                                          const cmsis_nn_dims *input_dims,
                                          const cmsis_nn_dims *filter_dims,
                                          const cmsis_nn_dims *output_dims) {
@@ -330,7 +330,7 @@ static __attribute__((noinline)) void dk_dw3_run_on_stack(
              output_dims, output_data, buf);
 }
 
-void dk_depthwise_conv_3x3_dsp_s8(const cmsis_nn_context *ctx,
+void dk_depthwise_conv_3x3_s8(const cmsis_nn_context *ctx,
                                   const cmsis_nn_dw_conv_params *dw_conv_params,
                                   const cmsis_nn_per_channel_quant_params *quant_params,
                                   const cmsis_nn_dims *input_dims, const int8_t *input_data,
@@ -346,4 +346,4 @@ void dk_depthwise_conv_3x3_dsp_s8(const cmsis_nn_context *ctx,
   }
 }
 
-#endif /* DK_DEPTHWISE_3X3_DSP */
+#endif /* DK_DEPTHWISE_3X3 && !ARM_MATH_MVEI */

@@ -29,9 +29,9 @@
  * tests/integration/test_depthwise_3x3_dsp_qemu.py runs layers inside and outside this domain
  * on qemu-an547 against the host's reference (CMSIS-NN's own C code).
  */
-#include "cmsis_nn_depthwise_3x3_mve.h"
+#include "cmsis_nn_depthwise_3x3.h"
 
-#if DK_DEPTHWISE_3X3_MVE
+#if DK_DEPTHWISE_3X3 && defined(ARM_MATH_MVEI) /* cmsis_nn_depthwise_3x3_dsp.c without */
 
 #include <string.h>
 
@@ -44,7 +44,7 @@
 /* One channel's sums: columns of DK_DWM_COLUMN, as the buffer's. */
 #define DK_DWM_SUMS ((DK_DWM_MAX_COLUMNS - 2) * DK_DWM_COLUMN)
 
-int dk_depthwise_conv_3x3_mve_s8_applies(const cmsis_nn_dw_conv_params *dw_conv_params,
+int dk_depthwise_conv_3x3_s8_applies(const cmsis_nn_dw_conv_params *dw_conv_params,
                                          const cmsis_nn_dims *input_dims,
                                          const cmsis_nn_dims *filter_dims,
                                          const cmsis_nn_dims *output_dims) {
@@ -343,7 +343,7 @@ static __attribute__((noinline)) void dk_dwm_run_on_stack(
              output_dims, output_data, scratch);
 }
 
-void dk_depthwise_conv_3x3_mve_s8(const cmsis_nn_context *ctx,
+void dk_depthwise_conv_3x3_s8(const cmsis_nn_context *ctx,
                                   const cmsis_nn_dw_conv_params *dw_conv_params,
                                   const cmsis_nn_per_channel_quant_params *quant_params,
                                   const cmsis_nn_dims *input_dims, const int8_t *input_data,
@@ -359,4 +359,4 @@ void dk_depthwise_conv_3x3_mve_s8(const cmsis_nn_context *ctx,
   }
 }
 
-#endif /* DK_DEPTHWISE_3X3_MVE */
+#endif /* DK_DEPTHWISE_3X3 && ARM_MATH_MVEI */

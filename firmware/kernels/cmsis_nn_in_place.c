@@ -15,8 +15,7 @@
 #include "cmsis_nn_in_place.h"
 
 #include "arm_nnsupportfunctions.h" /* arm_memcpy_s8: vector copies on MVE, memcpy elsewhere */
-#include "cmsis_nn_depthwise_3x3_dsp.h"
-#include "cmsis_nn_depthwise_3x3_mve.h"
+#include "cmsis_nn_depthwise_3x3.h"
 
 /* 0: the program has no convolution in place (deploykit sets it from the .pte), and an in-place
  * call is refused (ARM_CMSIS_NN_ARG_ERROR, in the execute_error record) rather than run. */
@@ -247,23 +246,13 @@ arm_cmsis_nn_status dk_depthwise_conv_wrapper_s8(
     const int8_t *input_data, const cmsis_nn_dims *filter_dims, const int8_t *filter_data,
     const cmsis_nn_dims *bias_dims, const int32_t *bias_data, const cmsis_nn_dims *output_dims,
     int8_t *output_data) {
-#if DK_DEPTHWISE_3X3_DSP
-  /* With the DSP extension and no MVE, a layer of its domain, in place or not, in one call of
-   * deploykit's own kernel (cmsis_nn_depthwise_3x3_dsp.c): CMSIS-NN's results, the ring of an
+#if DK_DEPTHWISE_3X3
+  /* With MVE or the DSP extension, a layer of its domain, in place or not, in one call of
+   * deploykit's own kernel (cmsis_nn_depthwise_3x3.h): CMSIS-NN's results, the ring of an
    * in-place layer as its buffer when it is large enough. */
-  if (dk_depthwise_conv_3x3_dsp_s8_applies(dw_conv_params, input_dims, filter_dims,
-                                           output_dims)) {
-    dk_depthwise_conv_3x3_dsp_s8(ctx, dw_conv_params, quant_params, input_dims, input_data,
-                                 filter_data, bias_data, output_dims, output_data);
-    return ARM_CMSIS_NN_SUCCESS;
-  }
-#endif
-#if DK_DEPTHWISE_3X3_MVE
-  /* With MVE, the same for deploykit's MVE kernel (cmsis_nn_depthwise_3x3_mve.c). */
-  if (dk_depthwise_conv_3x3_mve_s8_applies(dw_conv_params, input_dims, filter_dims,
-                                           output_dims)) {
-    dk_depthwise_conv_3x3_mve_s8(ctx, dw_conv_params, quant_params, input_dims, input_data,
-                                 filter_data, bias_data, output_dims, output_data);
+  if (dk_depthwise_conv_3x3_s8_applies(dw_conv_params, input_dims, filter_dims, output_dims)) {
+    dk_depthwise_conv_3x3_s8(ctx, dw_conv_params, quant_params, input_dims, input_data,
+                             filter_data, bias_data, output_dims, output_data);
     return ARM_CMSIS_NN_SUCCESS;
   }
 #endif

@@ -14,8 +14,8 @@
  * wrappers, with the same arguments: the wrapper itself, once, when output and input differ
  * (one call site of the wrapper, so LTO compiles the kernels as it does without this file);
  * the bands when output_data == input_data (a 3x3 depthwise layer in the domain of
- * dk_depthwise_conv_3x3_dsp_s8, on a DSP core without MVE, or of dk_depthwise_conv_3x3_mve_s8,
- * on an MVE core, runs that kernel once instead, in place or not).
+ * deploykit's own dk_depthwise_conv_3x3_s8, cmsis_nn_depthwise_3x3.h, runs that kernel once
+ * instead, in place or not).
  * ARM_CMSIS_NN_ARG_ERROR when an in-place layer is
  * not one this runs (a stride down the rows, another output shape, a scratch with no room for
  * a band of one row).

@@ -50,9 +50,9 @@ DRIVER = r"""
 #include <string.h>
 
 #include "arm_nnfunctions.h"
-#include "cmsis_nn_depthwise_3x3_dsp.h"
+#include "cmsis_nn_depthwise_3x3.h"
 
-#if !DK_DEPTHWISE_3X3_DSP
+#if !DK_DEPTHWISE_3X3 || defined(ARM_MATH_MVEI)
 #error "the kernel needs the DSP extension and no MVE"
 #endif
 
@@ -112,7 +112,7 @@ int main(void) {
       printf("CMSIS-NN refused layer %d\n", it);
       return 2;
     }
-    if (!dk_depthwise_conv_3x3_dsp_s8_applies(&p, &in_dims, &f_dims, &out_dims)) {
+    if (!dk_depthwise_conv_3x3_s8_applies(&p, &in_dims, &f_dims, &out_dims)) {
       ++refused;
       continue;
     }
@@ -124,10 +124,10 @@ int main(void) {
     const int32_t n = Ho * Wo * C;
     if (in_place) {
       memcpy(output, input, (size_t)(H * W * C));
-      dk_depthwise_conv_3x3_dsp_s8(use, &p, &q, &in_dims, output, filter, b, &out_dims, output);
+      dk_depthwise_conv_3x3_s8(use, &p, &q, &in_dims, output, filter, b, &out_dims, output);
     } else {
       memset(output, 0x5a, sizeof output);
-      dk_depthwise_conv_3x3_dsp_s8(use, &p, &q, &in_dims, input, filter, b, &out_dims, output);
+      dk_depthwise_conv_3x3_s8(use, &p, &q, &in_dims, input, filter, b, &out_dims, output);
     }
     int bad = memcmp(output, expected, (size_t)n) != 0;
     for (int32_t i = n; !in_place && i < n + 64; ++i) bad |= output[i] != 0x5a;

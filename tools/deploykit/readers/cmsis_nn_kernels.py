@@ -29,13 +29,13 @@ CONV_KERNELS = ("1x1_fast", "1x1", "1_x_n", "generic")
 DEPTHWISE_KERNELS = ("3x3", "opt", "generic")
 # Not a CMSIS-NN kernel: the layers that deploykit's own 3x3 depthwise kernel runs on a core
 # with the DSP extension and no MVE (firmware/kernels/cmsis_nn_depthwise_3x3_dsp.c, whose
-# dk_depthwise_conv_3x3_dsp_s8_applies this mirrors), in place or not; they link no CMSIS-NN
+# dk_depthwise_conv_3x3_s8_applies this mirrors), in place or not; they link no CMSIS-NN
 # depthwise kernel.
 DK_DSP_3X3 = "dk_dsp_3x3"
 DK_DSP_3X3_MAX_WIDTH = 7  # output pixels per row: the kernel's buffer holds 9 columns
 # The same on a core with MVE (firmware/kernels/cmsis_nn_depthwise_3x3_mve.c, whose
-# dk_depthwise_conv_3x3_mve_s8_applies dk_mve_3x3_applies mirrors): those layers link no
-# CMSIS-NN depthwise kernel either.
+# dk_depthwise_conv_3x3_s8_applies dk_mve_3x3_applies mirrors): those layers link no CMSIS-NN
+# depthwise kernel either.
 DK_MVE_3X3 = "dk_mve_3x3"
 DK_MVE_3X3_MAX_ROWS = 32  # padded input rows: the kernel's buffer holds columns of 32 bytes
 DK_MVE_3X3_MAX_COLUMNS = 9  # padded input columns
@@ -85,7 +85,7 @@ def depthwise_kernel(input_sizes: list[int], output_channels: int, kernel_hw: tu
 def dk_dsp_3x3_applies(input_sizes: list[int], output_channels: int,
                        kernel_hw: tuple[int, int], padding: list[int], dilation: list[int],
                        multiplier: int, stride: list[int]) -> bool:
-    """Whether dk_depthwise_conv_3x3_dsp_s8 runs a layer: batch 1, channel multiplier 1, a
+    """Whether the DSP dk_depthwise_conv_3x3_s8 runs a layer: batch 1, channel multiplier 1, a
     multiple of 4 channels, 3x3, stride and dilation 1, padding 0 or 1, output rows of at most
     DK_DSP_3X3_MAX_WIDTH pixels."""
     batch, channels, height, width = input_sizes
@@ -99,7 +99,7 @@ def dk_dsp_3x3_applies(input_sizes: list[int], output_channels: int,
 def dk_mve_3x3_applies(input_sizes: list[int], output_channels: int,
                        kernel_hw: tuple[int, int], padding: list[int], dilation: list[int],
                        multiplier: int, stride: list[int]) -> bool:
-    """Whether dk_depthwise_conv_3x3_mve_s8 runs a layer: batch 1, channel multiplier 1, a
+    """Whether the MVE dk_depthwise_conv_3x3_s8 runs a layer: batch 1, channel multiplier 1, a
     multiple of 4 channels, 3x3, stride and dilation 1, padding 0 or 1, a padded input map of
     at most DK_MVE_3X3_MAX_ROWS x DK_MVE_3X3_MAX_COLUMNS."""
     batch, channels, height, width = input_sizes
