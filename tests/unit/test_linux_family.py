@@ -123,18 +123,28 @@ def test_board_file_fields(tmp_path):
         family_of(board_from_dict(no_linux, tmp_path / "rpi5.yaml"))
 
 
+@pytest.fixture
+def commands(monkeypatch) -> list[list[str]]:
+    """The aarch64 runtime build's commands, recorded instead of run (a real build compiles
+    XNNPACK for minutes; tests/integration/test_rpi5_run.py does it), with its tools and
+    compiler version taken as present."""
+    import deploykit.families.linux_runtime as lr
+
+    recorded: list[list[str]] = []
+    monkeypatch.setattr(lr, "require_tools", lambda *names: None)
+    monkeypatch.setattr(lr, "_compiler_version", lambda prefix: "12.2.0")
+    monkeypatch.setattr(lr, "_run_logged", lambda cmd, *args, **kw: recorded.append(cmd))
+    return recorded
+
+
 @pytest.mark.timeout(60)
-def test_runtime_is_configured_from_its_own_toolchain_copy(tmp_path, monkeypatch):
+def test_runtime_is_configured_from_its_own_toolchain_copy(tmp_path, commands):
     """The aarch64 runtime's key hashes the toolchain file's content, so checkouts share its
     directory: it is configured with a copy of the toolchain file kept in the directory, never
     the checkout's (CMake records that path in the build directory). An unfinished build
     configured from another path starts over. The commands are recorded, not run."""
     import deploykit.families.linux_runtime as lr
 
-    commands: list[list[str]] = []
-    monkeypatch.setattr(lr, "require_tools", lambda *names: None)
-    monkeypatch.setattr(lr, "_compiler_version", lambda prefix: "12.2.0")
-    monkeypatch.setattr(lr, "_run_logged", lambda cmd, *args, **kw: commands.append(cmd))
     cache = tmp_path / "runtime-cache"
     key, _ = lr.runtime_key(["-mcpu=cortex-a76"], COMMITS)
     directory = cache / f"linux-aarch64-{key}"
@@ -167,16 +177,12 @@ with file_lock(directory / ".dk-build.lock", str(directory)):
 
 
 @pytest.mark.timeout(60)
-def test_a_second_build_of_one_key_waits_and_takes_the_first(tmp_path, monkeypatch):
+def test_a_second_build_of_one_key_waits_and_takes_the_first(tmp_path, commands):
     """Two builds of one aarch64 runtime key (two boards with the same CPU flags): the second
     waits for the first's lock, says so, and then finds the runtime installed instead of
     configuring the directory again. The other build is a real process holding the lock."""
     import deploykit.families.linux_runtime as lr
 
-    commands: list[list[str]] = []
-    monkeypatch.setattr(lr, "require_tools", lambda *names: None)
-    monkeypatch.setattr(lr, "_compiler_version", lambda prefix: "12.2.0")
-    monkeypatch.setattr(lr, "_run_logged", lambda cmd, *args, **kw: commands.append(cmd))
     cache = tmp_path / "runtime-cache"
     key, _ = lr.runtime_key(["-mcpu=cortex-a76"], COMMITS)
     directory = cache / f"linux-aarch64-{key}"
