@@ -20,6 +20,20 @@ extern "C" {
 #if defined(ARM_MATH_MVEI) || defined(ARM_MATH_DSP)
 #define DK_DEPTHWISE_3X3 1
 
+/* The part of the domain both implementations share: batch 1, channel multiplier 1, a
+ * multiple of 4 channels, a 3x3 filter, dilation 1, stride 1, padding 0 or 1 on each axis. */
+static inline int dk_depthwise_conv_3x3_s8_shape(const cmsis_nn_dw_conv_params *p,
+                                                 const cmsis_nn_dims *in,
+                                                 const cmsis_nn_dims *filter,
+                                                 const cmsis_nn_dims *out) {
+  return p->ch_mult == 1 && in->n == 1 && out->n == 1 && in->c == out->c && in->c >= 4 &&
+         in->c % 4 == 0 && filter->h == 3 && filter->w == 3 && p->dilation.h == 1 &&
+         p->dilation.w == 1 && p->stride.h == 1 && p->stride.w == 1 && p->padding.h >= 0 &&
+         p->padding.h <= 1 && p->padding.w >= 0 && p->padding.w <= 1 && in->h >= 1 &&
+         in->w >= 1 && out->h == in->h + 2 * p->padding.h - 2 &&
+         out->w == in->w + 2 * p->padding.w - 2 && out->h >= 1 && out->w >= 1;
+}
+
 /* 1 when dk_depthwise_conv_3x3_s8 runs this layer: batch 1, channel multiplier 1, a multiple
  * of 4 channels, a 3x3 filter, dilation 1, stride 1, padding 0 or 1 on each axis, and a small
  * map: with MVE a padded input of at most 32 rows by 9 columns, with DSP output rows of at

@@ -45,20 +45,12 @@
 #define DK_DWM_SUMS ((DK_DWM_MAX_COLUMNS - 2) * DK_DWM_COLUMN)
 
 int dk_depthwise_conv_3x3_s8_applies(const cmsis_nn_dw_conv_params *dw_conv_params,
-                                         const cmsis_nn_dims *input_dims,
-                                         const cmsis_nn_dims *filter_dims,
-                                         const cmsis_nn_dims *output_dims) {
-  const cmsis_nn_dw_conv_params *p = dw_conv_params;
-  return p->ch_mult == 1 && input_dims->n == 1 && output_dims->n == 1 &&
-         input_dims->c == output_dims->c && input_dims->c >= DK_DWM_BLOCK &&
-         input_dims->c % DK_DWM_BLOCK == 0 && filter_dims->h == 3 && filter_dims->w == 3 &&
-         p->dilation.h == 1 && p->dilation.w == 1 && p->stride.h == 1 && p->stride.w == 1 &&
-         p->padding.h >= 0 && p->padding.h <= 1 && p->padding.w >= 0 && p->padding.w <= 1 &&
-         input_dims->h >= 1 && input_dims->w >= 1 &&
-         output_dims->h == input_dims->h + 2 * p->padding.h - 2 && output_dims->h >= 1 &&
-         output_dims->w == input_dims->w + 2 * p->padding.w - 2 && output_dims->w >= 1 &&
-         input_dims->h + 2 * p->padding.h <= DK_DWM_COLUMN &&
-         input_dims->w + 2 * p->padding.w <= DK_DWM_MAX_COLUMNS;
+                                     const cmsis_nn_dims *input_dims,
+                                     const cmsis_nn_dims *filter_dims,
+                                     const cmsis_nn_dims *output_dims) {
+  return dk_depthwise_conv_3x3_s8_shape(dw_conv_params, input_dims, filter_dims, output_dims) &&
+         input_dims->h + 2 * dw_conv_params->padding.h <= DK_DWM_COLUMN &&
+         input_dims->w + 2 * dw_conv_params->padding.w <= DK_DWM_MAX_COLUMNS;
 }
 
 /* The sums of `groups` groups of four rows of 3 (dk_dwm_columns3) or 2 (dk_dwm_columns2)
