@@ -325,11 +325,11 @@ static __attribute__((noinline)) void dk_dw3_run_on_stack(
 }
 
 void dk_depthwise_conv_3x3_s8(const cmsis_nn_context *ctx,
-                                  const cmsis_nn_dw_conv_params *dw_conv_params,
-                                  const cmsis_nn_per_channel_quant_params *quant_params,
-                                  const cmsis_nn_dims *input_dims, const int8_t *input_data,
-                                  const int8_t *filter_data, const int32_t *bias_data,
-                                  const cmsis_nn_dims *output_dims, int8_t *output_data) {
+                              const cmsis_nn_dw_conv_params *dw_conv_params,
+                              const cmsis_nn_per_channel_quant_params *quant_params,
+                              const cmsis_nn_dims *input_dims, const int8_t *input_data,
+                              const int8_t *filter_data, const int32_t *bias_data,
+                              const cmsis_nn_dims *output_dims, int8_t *output_data) {
   const int32_t need = (output_dims->w + 2) * DK_DW3_COLUMN * (int32_t)sizeof(int32_t);
   if (ctx != NULL && ctx->buf != NULL && ctx->size >= need && ((uintptr_t)ctx->buf & 3u) == 0) {
     dk_dw3_run(dw_conv_params, quant_params, input_dims, input_data, filter_data, bias_data,
