@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -165,13 +166,13 @@ def test_runtime_is_configured_from_its_own_toolchain_copy(tmp_path, commands):
 
 
 HOLDER = """
-import sys, time
+import sys
 from pathlib import Path
 from deploykit.util.locks import file_lock
 directory = Path(sys.argv[1])
 with file_lock(directory / ".dk-build.lock", str(directory)):
     print("HELD", flush=True)
-    time.sleep(1.0)
+    sys.stdin.readline()  # until the other build says it waits
     (directory / "dk-runtime-installed.json").write_text('{"key": "k", "seconds": 1.0}')
 """
 
@@ -189,12 +190,25 @@ def test_a_second_build_of_one_key_waits_and_takes_the_first(tmp_path, commands)
     directory.mkdir(parents=True)
     root = Path(__file__).resolve().parents[2]
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(directory)], text=True,
-                              stdout=subprocess.PIPE, env={"PYTHONPATH": str(root / "tools")})
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              env={"PYTHONPATH": str(root / "tools")})
     assert holder.stdout is not None and holder.stdout.readline().strip() == "HELD"
     said: list[str] = []
-    runtime = lr.build_runtime(tmp_path / "executorch", cache, ["-mcpu=cortex-a76"], COMMITS,
-                               progress=said.append)
-    assert holder.wait(timeout=30) == 0
+    waiting = threading.Event()
+
+    def progress(message: str) -> None:
+        said.append(message)
+        waiting.set()
+
+    result: list = []
+    build = threading.Thread(target=lambda: result.append(lr.build_runtime(
+        tmp_path / "executorch", cache, ["-mcpu=cortex-a76"], COMMITS, progress=progress)))
+    build.start()
+    assert waiting.wait(timeout=30), "the second build did not say it waits"
+    holder.communicate("go\n", timeout=30)  # the first build finishes and releases its lock
+    build.join(timeout=30)
+    assert holder.returncode == 0 and not build.is_alive()
+    (runtime,) = result
     assert runtime.cached and runtime.directory == directory
     assert commands == []
     assert any(m.startswith("waiting for pid ") and str(directory) in m for m in said), said
